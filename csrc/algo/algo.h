@@ -1,0 +1,102 @@
+/*
+ * algo.h: collective algorithms over the transport (layer "algorithms").
+ *
+ * An algorithm turns one collective into frames posted on peer queues (transport/tcp.h), drives
+ * the transport until they complete, and reduces what arrives (reduce/reduce.h). It never touches
+ * sockets, never allocates per byte, and runs on its communicator's engine thread only.
+ *
+ * Bitwise agreement: ring algorithms reduce each chunk along one path and copy the result to every
+ * rank; recursive doubling always evaluates (lower rank's operand) op (higher rank's operand), so
+ * both partners compute the same bits. Either way every rank ends with identical bytes.
+ */
+#ifndef MCCL_ALGO_H_
+#define MCCL_ALGO_H_
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mccl.h"
+#include "transport/tcp.h"
+
+/* One collective as the engine hands it to an algorithm. */
+typedef struct mcclOp {
+  mcclCollKind coll;
+  uint64_t seq;            /* the communicator's sequence number, carried in every frame */
+  const void* sendbuf;
+  void* recvbuf;
+  size_t count;            /* elements: allreduce/broadcast total, allgather per rank */
+  mcclDataType_t dtype;
+  mcclRedOp_t op;
+  int root;
+  mcclAlgorithm_t algorithm; /* mcclAlgoAuto: chosen by size */
+  int64_t deadline_ns;     /* mcclNowNs() clock */
+} mcclOp;
+
+/* What an algorithm may use. Owned by the engine thread. */
+typedef struct mcclAlgoCtx {
+  mcclTransport* tp;
+  int rank, nranks;
+  atomic_int* abort_flag;
+  char* scratch;           /* staging for received operands; grown by mcclAlgoScratch */
+  size_t scratch_bytes;
+  size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
+  int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
+  size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees */
+} mcclAlgoCtx;
+
+/* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). */
+char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes);
+
+/* One side of a point-to-point exchange: `bytes` from/to `buf`, split into frames of at most
+ * segment_bytes (one empty frame when bytes == 0), tagged with `step`. */
+typedef struct {
+  int peer;
+  int is_send;
+  char* buf;
+  size_t bytes;
+  size_t offset;           /* byte offset of buf in the collective's buffer, for the header */
+  uint32_t step;
+} mcclPeerIo;
+
+/* Post every io at once (sends and receives run concurrently) and progress until all finished. */
+mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
+
+/* Fill the header fields every frame of `op` shares. */
+void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length);
+
+/* The collectives. Each returns mcclSuccess or the transport's error (message in ctx->tp->error). */
+mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoBarrier(mcclAlgoCtx* ctx, const mcclOp* op);
+
+/* Individual algorithms, exposed so tests and benchmarks can force one. */
+mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
+
+/* A pipelined ring or chain schedule, run by mcclRingRun (ring.c).
+ *
+ * The buffer is cut into `nchunks` chunks (chunk_off/chunk_len, in elements) and every chunk into
+ * the same number of segments, each one frame. At step t this rank sends chunk send_chunk[t] to
+ * `send_peer` and receives chunk recv_chunk[t] from `recv_peer` (-1: none), either copying it into
+ * recvbuf or reducing it into recvbuf (recv_mode). Segment j of the send at step t may leave only
+ * after segment j of the receive at step t - lag has landed (lag 1 for rings, where a chunk is
+ * forwarded one step after it arrived; lag 0 for a broadcast chain). Both links stream without a
+ * barrier between steps: up to `depth` frames are in flight each way. */
+enum { MCCL_RECV_COPY = 0, MCCL_RECV_REDUCE = 1, MCCL_RECV_REDUCE_FINAL = 2 };
+typedef struct {
+  int nsteps, nchunks, lag;
+  int send_peer, recv_peer;
+  const int* send_chunk;
+  const int* recv_chunk;
+  const uint8_t* recv_mode;
+  const uint8_t* send_from_input; /* 1: read the send from op->sendbuf, 0: from op->recvbuf */
+  const size_t* chunk_off;
+  const size_t* chunk_len;
+} mcclRingPlan;
+
+mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);
+
+#endif

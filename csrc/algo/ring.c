@@ -1,0 +1,228 @@
+/*
+ * ring.c: the pipelined ring (Patarasuk & Yuan, 2009) for all-reduce and all-gather, and the
+ * pipelined chain for large broadcasts.
+ *
+ * All-reduce on n ranks cuts the buffer into n chunks, one per rank, and runs 2(n-1) steps. At
+ * step t rank r sends chunk (r - t) mod n to its right neighbour and receives chunk
+ * (r - t - 1) mod n from its left one. During the first n-1 steps (reduce-scatter) each received
+ * chunk is reduced into the local one, so after step n-2 rank r owns the full reduction of chunk
+ * (r + 1) mod n; during the last n-1 steps (all-gather) received chunks are copied, forwarding
+ * every reduced chunk around the ring. Each rank sends and receives 2(n-1)/n of the buffer.
+ *
+ * Pipelining: every chunk is split into segments of at most MCCL_SEGMENT_BYTES, each one frame.
+ * Segment j of step t's send depends only on segment j of step t-1's receive, so the right link
+ * carries step t while the left link brings step t+1 and the CPU reduces what just landed: send,
+ * receive and reduce overlap with at most MCCL_PIPELINE_DEPTH frames in flight on each link.
+ */
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "core/debug.h"
+#include "reduce/reduce.h"
+
+typedef struct {
+  size_t off, len; /* elements */
+} mcclSeg;
+
+/* Segment j of chunk c when every chunk has nseg segments (possibly empty ones at the end). */
+static mcclSeg segmentOf(const mcclRingPlan* p, int c, size_t nseg, size_t j) {
+  size_t clen = p->chunk_len[c];
+  size_t per = (clen + nseg - 1) / nseg;
+  mcclSeg s = {p->chunk_off[c], 0};
+  size_t start = j * per;
+  if (start < clen) {
+    s.off += start;
+    s.len = clen - start < per ? clen - start : per;
+  }
+  return s;
+}
+
+mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p) {
+  const size_t esz = mcclDataTypeSize(op->dtype);
+  size_t max_chunk = 0;
+  for (int c = 0; c < p->nchunks; c++)
+    if (p->chunk_len[c] > max_chunk) max_chunk = p->chunk_len[c];
+  if (max_chunk == 0) return mcclSuccess;
+  size_t seg_elems = ctx->segment_bytes / esz;
+  if (seg_elems == 0) seg_elems = 1;
+  const size_t nseg = (max_chunk + seg_elems - 1) / seg_elems;
+  const size_t per_max = (max_chunk + nseg - 1) / nseg;
+  const int depth = ctx->depth < 1 ? 1 : (ctx->depth > 64 ? 64 : ctx->depth);
+  const size_t nunits = (size_t)p->nsteps * nseg;
+
+  char* staging = mcclAlgoScratch(ctx, (size_t)depth * per_max * esz);
+  if (staging == NULL) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %d staging segments of %zu bytes",
+             depth, per_max * esz);
+    return mcclSystemError;
+  }
+  const char* in = op->sendbuf;
+  char* out = op->recvbuf;
+
+  mcclXfer sx[64], rx[64];
+  size_t sunit[64], runit[64];
+  size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
+  size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
+
+  for (;;) {
+    /* Post receives: straight into recvbuf for copies, into a staging slot for reductions. */
+    while (r_posted - r_done < (size_t)depth && ru < nunits) {
+      int t = (int)(ru / nseg);
+      int c = p->recv_chunk[t];
+      mcclSeg s = c < 0 ? (mcclSeg){0, 0} : segmentOf(p, c, nseg, ru % nseg);
+      if (s.len == 0) { ru++; continue; }
+      size_t slot = r_posted % (size_t)depth;
+      mcclXfer* x = &rx[slot];
+      memset(x, 0, sizeof(*x));
+      mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
+      x->buf = p->recv_mode[t] == MCCL_RECV_COPY ? out + s.off * esz : staging + slot * per_max * esz;
+      x->bytes = s.len * esz;
+      mcclTransportPostRecv(ctx->tp, p->recv_peer, x);
+      runit[slot] = ru;
+      r_posted++;
+      ru++;
+    }
+    /* Every receive unit before this one has landed and been reduced. */
+    size_t processed_upto = r_done < r_posted ? runit[r_done % (size_t)depth] : ru;
+    /* Post sends whose data is final on this rank. */
+    while (s_posted - s_done < (size_t)depth && su < nunits) {
+      int t = (int)(su / nseg);
+      size_t j = su % nseg;
+      int c = p->send_chunk[t];
+      mcclSeg s = c < 0 ? (mcclSeg){0, 0} : segmentOf(p, c, nseg, j);
+      if (s.len == 0) { su++; continue; }
+      int dep_step = t - p->lag;
+      if (dep_step >= 0 && p->recv_chunk[dep_step] >= 0 && processed_upto <= (size_t)dep_step * nseg + j)
+        break;
+      size_t slot = s_posted % (size_t)depth;
+      mcclXfer* x = &sx[slot];
+      memset(x, 0, sizeof(*x));
+      mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
+      x->buf = (char*)(p->send_from_input[t] ? in : out) + s.off * esz;
+      x->bytes = s.len * esz;
+      mcclTransportPostSend(ctx->tp, p->send_peer, x);
+      sunit[slot] = su;
+      s_posted++;
+      su++;
+    }
+    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted) break;
+
+    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
+
+    while (s_done < s_posted && sx[s_done % (size_t)depth].complete) s_done++;
+    while (r_done < r_posted && rx[r_done % (size_t)depth].complete) {
+      size_t slot = r_done % (size_t)depth;
+      int t = (int)(runit[slot] / nseg);
+      if (p->recv_mode[t] != MCCL_RECV_COPY) {
+        /* recvbuf chunk = (this rank's input) op (what arrived); each chunk is reduced once per
+         * rank, so the input is still the rank's own contribution. */
+        mcclSeg s = segmentOf(p, p->recv_chunk[t], nseg, runit[slot] % nseg);
+        uint32_t div = p->recv_mode[t] == MCCL_RECV_REDUCE_FINAL ? (uint32_t)ctx->nranks : 1;
+        mcclReduce(out + s.off * esz, in + s.off * esz, rx[slot].buf, s.len, op->dtype, op->op, div);
+      }
+      r_done++;
+    }
+  }
+  (void)sunit;
+  return mcclSuccess;
+}
+
+/* Chunk c of n over `count` elements: the first count % n chunks get one element more. */
+static void splitEven(size_t count, int n, size_t* off, size_t* len) {
+  size_t base = count / (size_t)n, extra = count % (size_t)n, o = 0;
+  for (int c = 0; c < n; c++) {
+    off[c] = o;
+    len[c] = base + ((size_t)c < extra ? 1 : 0);
+    o += len[c];
+  }
+}
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t esz = mcclDataTypeSize(op->dtype);
+  if (n == 1) {
+    if (op->sendbuf != op->recvbuf) memcpy(op->recvbuf, op->sendbuf, op->count * esz);
+    return mcclSuccess;
+  }
+  const int nsteps = 2 * (n - 1);
+  int* send_chunk = malloc(sizeof(int) * (size_t)nsteps * 2);
+  uint8_t* flags = malloc((size_t)nsteps * 2);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  if (!send_chunk || !flags || !geo) {
+    free(send_chunk); free(flags); free(geo);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
+    return mcclSystemError;
+  }
+  int* recv_chunk = send_chunk + nsteps;
+  uint8_t* recv_mode = flags;
+  uint8_t* from_input = flags + nsteps;
+  for (int t = 0; t < nsteps; t++) {
+    send_chunk[t] = mod(r - t, n);
+    recv_chunk[t] = mod(r - t - 1, n);
+    recv_mode[t] = t < n - 2 ? MCCL_RECV_REDUCE : (t == n - 2 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_COPY);
+    from_input[t] = t == 0;
+  }
+  splitEven(op->count, n, geo, geo + n);
+  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
+                       recv_mode, from_input, geo, geo + n};
+  mcclResult_t res = mcclRingRun(ctx, op, &plan);
+  free(send_chunk);
+  free(flags);
+  free(geo);
+  return res;
+}
+
+/* All-gather: the all-gather half of the ring above, over n equal blocks. The rank's own block
+ * is first copied into place, so every send reads recvbuf. */
+mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t esz = mcclDataTypeSize(op->dtype);
+  char* own = (char*)op->recvbuf + (size_t)r * op->count * esz;
+  if (op->sendbuf != own) memmove(own, op->sendbuf, op->count * esz);
+  if (n == 1 || op->count == 0) return mcclSuccess;
+  const int nsteps = n - 1;
+  int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
+  uint8_t* flags = calloc((size_t)nsteps * 2, 1);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  if (!chunks || !flags || !geo) {
+    free(chunks); free(flags); free(geo);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
+    return mcclSystemError;
+  }
+  for (int t = 0; t < nsteps; t++) {
+    chunks[t] = mod(r - t, n);
+    chunks[nsteps + t] = mod(r - t - 1, n);
+  }
+  for (int c = 0; c < n; c++) {
+    geo[c] = (size_t)c * op->count;
+    geo[n + c] = op->count;
+  }
+  mcclOp whole = *op; /* frames carry byte offsets into the whole output */
+  whole.sendbuf = op->recvbuf;
+  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
+                       flags, flags + nsteps, geo, geo + n};
+  mcclResult_t res = mcclRingRun(ctx, &whole, &plan);
+  free(chunks);
+  free(flags);
+  free(geo);
+  return res;
+}
+
+/* Broadcast of a large buffer: a pipelined chain root -> root+1 -> ... -> root-1. Each rank
+ * forwards segment j as soon as it has landed (lag 0); the root only sends, the last only
+ * receives. Time ~ bytes/bandwidth + (n-1) segment hops. */
+mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const int pos = mod(r - op->root, n);
+  int send_chunk = pos < n - 1 ? 0 : -1;
+  int recv_chunk = pos > 0 ? 0 : -1;
+  uint8_t mode = MCCL_RECV_COPY, from_input = 0;
+  size_t off = 0, len = op->count;
+  mcclRingPlan plan = {1, 1, 0, mod(r + 1, n), mod(r - 1, n), &send_chunk, &recv_chunk,
+                       &mode, &from_input, &off, &len};
+  return mcclRingRun(ctx, op, &plan);
+}

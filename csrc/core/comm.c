@@ -1,0 +1,277 @@
+/*
+ * comm.c: communicator lifecycle: bootstrap through the store, the mesh, the engine thread,
+ * destroy and abort.
+ *
+ * Store keys (all under "mccl/<name>/"):
+ *   inits          counter every rank adds 1 to at init; generation = (value - 1) / nranks, so
+ *                  each init of the same group on the same store gets fresh keys
+ *   g<gen>/token   16 random bytes from rank 0: the job token every handshake must carry
+ *   g<gen>/addr/<r> rank r's listening address, "host:port" or "[v6]:port"
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/random.h>
+#endif
+
+#include "core/comm.h"
+#include "core/debug.h"
+#include "core/param.h"
+#include "transport/socket.h"
+
+void mcclCommConfigInit(mcclCommConfig_t* config) {
+  memset(config, 0, sizeof(*config));
+  config->size = sizeof(*config);
+  config->name = "default";
+  config->timeout_ms = 30 * 60 * 1000;
+}
+
+static uint64_t fnv1a(const char* s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ULL;
+  return h;
+}
+
+static int randomBytes(uint8_t* out, size_t n) {
+#if defined(__linux__)
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(out + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    got += (size_t)r;
+  }
+  if (got == n) return 0;
+#endif
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t got2 = 0;
+  while (got2 < n) {
+    ssize_t r = read(fd, out + got2, n - got2);
+    if (r <= 0) break;
+    got2 += (size_t)r;
+  }
+  close(fd);
+  return got2 == n ? 0 : -1;
+}
+
+static int64_t remainingMs(int64_t deadline_ns) {
+  int64_t ms = (deadline_ns - mcclNowNs()) / 1000000LL;
+  return ms > 0 ? ms : 1;
+}
+
+static mcclResult_t storeGet(const mcclStore_t* store, const char* key, void* buf, size_t cap,
+                             size_t* len, int64_t deadline_ns, const char* what) {
+  mcclResult_t res = mcclSuccess;
+  if (store->wait != NULL) res = store->wait(store->ctx, key, remainingMs(deadline_ns));
+  if (res == mcclSuccess) res = store->get(store->ctx, key, buf, cap, len, remainingMs(deadline_ns));
+  if (res != mcclSuccess)
+    mcclSetThreadError("waiting for %s (store key '%s') failed: %s", what, key, mcclGetErrorString(res));
+  return res;
+}
+
+/* Everything init allocates is freed by commFree, which tolerates a half-built communicator. */
+static void commFree(struct mcclComm* comm) {
+  mcclTransportClose(&comm->tp);
+  free(comm->algo.scratch);
+  pthread_mutex_destroy(&comm->qlock);
+  pthread_cond_destroy(&comm->qcond);
+  pthread_mutex_destroy(&comm->errlock);
+  free(comm);
+}
+
+MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t* cfg) {
+  if (out == NULL || cfg == NULL) {
+    mcclSetThreadError("mcclCommInitConfig: comm and config must not be NULL");
+    return mcclInvalidArgument;
+  }
+  *out = NULL;
+  if (cfg->size != sizeof(mcclCommConfig_t)) {
+    mcclSetThreadError("mcclCommInitConfig: config.size is %zu, expected %zu (call mcclCommConfigInit)",
+                       cfg->size, sizeof(mcclCommConfig_t));
+    return mcclInvalidArgument;
+  }
+  if (cfg->nranks < 1 || cfg->nranks > 65535 || cfg->rank < 0 || cfg->rank >= cfg->nranks) {
+    mcclSetThreadError("mcclCommInitConfig: rank %d of world size %d is out of range", cfg->rank,
+                       cfg->nranks);
+    return mcclInvalidArgument;
+  }
+  if (cfg->store.set == NULL || cfg->store.get == NULL || cfg->store.add == NULL) {
+    mcclSetThreadError("mcclCommInitConfig: the store needs set, get and add callbacks");
+    return mcclInvalidArgument;
+  }
+  struct mcclComm* comm = calloc(1, sizeof(*comm));
+  if (comm == NULL) {
+    mcclSetThreadError("mcclCommInitConfig: out of memory");
+    return mcclSystemError;
+  }
+  comm->rank = cfg->rank;
+  comm->nranks = cfg->nranks;
+  snprintf(comm->name, sizeof(comm->name), "%s", cfg->name ? cfg->name : "default");
+  comm->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000;
+  comm->tp.wake[0] = comm->tp.wake[1] = -1;
+  pthread_mutex_init(&comm->qlock, NULL);
+  pthread_cond_init(&comm->qcond, NULL);
+  pthread_mutex_init(&comm->errlock, NULL);
+  atomic_init(&comm->aborted, 0);
+
+  const mcclStore_t* store = &cfg->store;
+  const int64_t deadline = mcclNowNs() + comm->timeout_ms * 1000000LL;
+  mcclResult_t res = mcclSuccess;
+  int listen_fd = -1;
+  char (*addrs)[MCCL_ADDR_STRLEN] = calloc((size_t)comm->nranks, MCCL_ADDR_STRLEN);
+  char key[256], prefix[200];
+  if (addrs == NULL) {
+    mcclSetThreadError("mcclCommInitConfig: out of memory");
+    res = mcclSystemError;
+    goto fail;
+  }
+
+  /* Generation: a fresh key space for every init of this group on this store. */
+  int64_t counter = 0;
+  snprintf(key, sizeof(key), "mccl/%s/inits", comm->name);
+  res = store->add(store->ctx, key, 1, &counter);
+  if (res != mcclSuccess) {
+    mcclSetThreadError("mcclCommInitConfig: store add('%s') failed: %s", key, mcclGetErrorString(res));
+    goto fail;
+  }
+  comm->generation = (uint64_t)((counter - 1) / comm->nranks);
+  snprintf(prefix, sizeof(prefix), "mccl/%s/g%llu", comm->name, (unsigned long long)comm->generation);
+
+  if (comm->nranks > 1) {
+    mcclTransportAuth auth;
+    memset(&auth, 0, sizeof(auth));
+    auth.generation = comm->generation;
+    auth.comm_hash = fnv1a(comm->name);
+    snprintf(key, sizeof(key), "%s/token", prefix);
+    if (comm->rank == 0) {
+      if (randomBytes(auth.token, sizeof(auth.token)) != 0) {
+        mcclSetThreadError("mcclCommInitConfig: no random bytes for the job token: %s", strerror(errno));
+        res = mcclSystemError;
+        goto fail;
+      }
+      MCCLCHECKGOTO(store->set(store->ctx, key, auth.token, sizeof(auth.token)), res, fail);
+    } else {
+      size_t len = 0;
+      MCCLCHECKGOTO(storeGet(store, key, auth.token, sizeof(auth.token), &len, deadline, "rank 0's job token"), res, fail);
+      if (len != sizeof(auth.token)) {
+        mcclSetThreadError("mcclCommInitConfig: store key '%s' holds %zu bytes, not a job token", key, len);
+        res = mcclProtocolError;
+        goto fail;
+      }
+    }
+
+    mcclSockaddr local;
+    char ifname[96];
+    MCCLCHECKGOTO(mcclFindLocalAddress(cfg->peer_hint, &local, ifname, sizeof(ifname)), res, fail);
+    MCCLCHECKGOTO(mcclSocketListen(&local, &listen_fd), res, fail);
+    mcclSockaddrFormat(&local, addrs[comm->rank], MCCL_ADDR_STRLEN);
+    INFO(MCCL_SUB_INIT, "rank %d/%d of '%s' generation %llu listening on %s (%s)", comm->rank,
+         comm->nranks, comm->name, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
+    snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
+    MCCLCHECKGOTO(store->set(store->ctx, key, addrs[comm->rank], strlen(addrs[comm->rank])), res, fail);
+    for (int r = 0; r < comm->nranks; r++) {
+      if (r == comm->rank) continue;
+      char what[64];
+      size_t len = 0;
+      snprintf(key, sizeof(key), "%s/addr/%d", prefix, r);
+      snprintf(what, sizeof(what), "rank %d's address", r);
+      MCCLCHECKGOTO(storeGet(store, key, addrs[r], MCCL_ADDR_STRLEN - 1, &len, deadline, what), res, fail);
+      addrs[r][len < MCCL_ADDR_STRLEN ? len : MCCL_ADDR_STRLEN - 1] = '\0';
+    }
+    res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, deadline);
+    if (res != mcclSuccess) {
+      mcclSetThreadError("mcclCommInitConfig: %s", comm->tp.error);
+      goto fail;
+    }
+    close(listen_fd); /* the mesh is complete: nobody else may connect */
+    listen_fd = -1;
+  } else {
+    res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, deadline);
+    if (res != mcclSuccess) goto fail;
+  }
+
+  comm->algo.tp = &comm->tp;
+  comm->algo.rank = comm->rank;
+  comm->algo.nranks = comm->nranks;
+  comm->algo.abort_flag = &comm->aborted;
+  comm->algo.segment_bytes = (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
+  if (comm->algo.segment_bytes < 4096) comm->algo.segment_bytes = 4096;
+  if (comm->algo.segment_bytes > (1u << 30)) comm->algo.segment_bytes = 1u << 30;
+  comm->algo.depth = (int)mcclParamInt("MCCL_PIPELINE_DEPTH");
+  comm->algo.ring_threshold = (size_t)mcclParamInt("MCCL_RING_THRESHOLD");
+
+  if (pthread_create(&comm->engine, NULL, mcclEngineMain, comm) != 0) {
+    mcclSetThreadError("mcclCommInitConfig: cannot start the engine thread: %s", strerror(errno));
+    res = mcclSystemError;
+    goto fail;
+  }
+  comm->engine_started = 1;
+  free(addrs);
+  *out = comm;
+  return mcclSuccess;
+
+fail:
+  if (listen_fd >= 0) close(listen_fd);
+  free(addrs);
+  WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, cfg->name ? cfg->name : "default",
+       mcclThreadError());
+  commFree(comm);
+  return res;
+}
+
+static void stopEngine(struct mcclComm* comm) {
+  pthread_mutex_lock(&comm->qlock);
+  comm->stopping = 1;
+  pthread_cond_signal(&comm->qcond);
+  pthread_mutex_unlock(&comm->qlock);
+  if (comm->engine_started) pthread_join(comm->engine, NULL);
+  comm->engine_started = 0;
+}
+
+MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
+  if (comm == NULL) return mcclInvalidArgument;
+  stopEngine(comm);
+  commFree(comm);
+  return mcclSuccess;
+}
+
+MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
+  if (comm == NULL) return mcclInvalidArgument;
+  atomic_store(&comm->aborted, 1);
+  mcclCommSetError(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
+  mcclTransportWake(&comm->tp);
+  stopEngine(comm); /* queued requests fail at once: the communicator has an error now */
+  mcclTransportFail(&comm->tp, "aborted by its owner");
+  commFree(comm);
+  return mcclSuccess;
+}
+
+MCCL_API mcclResult_t mcclCommRank(mcclComm_t comm, int* rank) {
+  if (comm == NULL || rank == NULL) return mcclInvalidArgument;
+  *rank = comm->rank;
+  return mcclSuccess;
+}
+
+MCCL_API mcclResult_t mcclCommCount(mcclComm_t comm, int* nranks) {
+  if (comm == NULL || nranks == NULL) return mcclInvalidArgument;
+  *nranks = comm->nranks;
+  return mcclSuccess;
+}
+
+MCCL_API mcclResult_t mcclCommGetAsyncError(mcclComm_t comm, mcclResult_t* error) {
+  if (comm == NULL || error == NULL) return mcclInvalidArgument;
+  pthread_mutex_lock(&comm->errlock);
+  *error = comm->async_error;
+  pthread_mutex_unlock(&comm->errlock);
+  return mcclSuccess;
+}
+
+MCCL_API const char* mcclGetLastError(mcclComm_t comm) {
+  if (comm == NULL) return mcclThreadError();
+  return comm->error_msg;
+}

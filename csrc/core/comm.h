@@ -1,0 +1,70 @@
+/*
+ * comm.h: the communicator and its requests (layer "core").
+ *
+ * Threading contract:
+ *  - Caller threads issue requests: they validate arguments, take `qlock`, stamp the next
+ *    sequence number and append to the queue. Nothing else of the communicator is theirs.
+ *  - The engine thread (one per communicator) owns `tp` and `algo` and runs requests strictly
+ *    in queue (= sequence) order, one at a time.
+ *  - `aborted` is written by mcclCommAbort from any thread and read by the engine.
+ *  - `async_error` / `error_msg` are written once (first error wins) under `errlock`.
+ */
+#ifndef MCCL_COMM_H_
+#define MCCL_COMM_H_
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "algo/algo.h"
+#include "mccl.h"
+#include "transport/tcp.h"
+
+struct mcclRequest {
+  atomic_int refs;                /* the caller's hold + the engine's hold */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;                       /* under mu */
+  mcclResult_t result;            /* valid once done */
+  char error[1024];               /* valid once done */
+  mcclOp op;                      /* seq, buffers, sizes */
+  int64_t timeout_ms;
+  mcclHandoff_t handoff;
+  struct mcclRequest* next;       /* queue link, under the communicator's qlock */
+};
+
+struct mcclComm {
+  int rank, nranks;
+  char name[128];
+  uint64_t generation;
+  int64_t timeout_ms;
+
+  /* Engine-owned. */
+  mcclTransport tp;
+  mcclAlgoCtx algo;
+
+  /* Issue queue. */
+  pthread_mutex_t qlock;
+  pthread_cond_t qcond;
+  struct mcclRequest *qhead, *qtail;
+  uint64_t next_seq;
+  int stopping;                   /* destroy: finish the queue, then exit */
+  pthread_t engine;
+  int engine_started;
+
+  atomic_int aborted;
+
+  pthread_mutex_t errlock;
+  mcclResult_t async_error;
+  char error_msg[1024];           /* the first fatal error, or the last argument error */
+};
+
+/* Record the communicator's first fatal error (later ones are logged only). */
+void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg);
+
+/* Engine thread entry and request submission (engine.c). */
+void* mcclEngineMain(void* arg);
+mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
+                              const mcclOpOptions_t* options, mcclRequest_t* request);
+
+#endif

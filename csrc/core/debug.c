@@ -1,0 +1,98 @@
+/* debug.c: logging, result names, the thread-local last error and the monotonic clock. */
+#include "core/debug.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/param.h"
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static mcclLogLevel log_level = MCCL_LOG_WARN;
+static unsigned log_subsys = MCCL_SUB_ALL;
+static char log_host[64] = "?";
+
+static void logInit(void) {
+  const char* level = mcclParamString("MCCL_DEBUG");
+  if (level != NULL && level[0] != '\0') {
+    if (strcasecmp(level, "NONE") == 0) log_level = MCCL_LOG_NONE;
+    else if (strcasecmp(level, "WARN") == 0) log_level = MCCL_LOG_WARN;
+    else if (strcasecmp(level, "INFO") == 0) log_level = MCCL_LOG_INFO;
+    else if (strcasecmp(level, "TRACE") == 0) log_level = MCCL_LOG_TRACE;
+    else fprintf(stderr, "MCCL WARN MCCL_DEBUG=%s is not one of NONE, WARN, INFO, TRACE\n", level);
+  }
+  const char* subsys = mcclParamString("MCCL_DEBUG_SUBSYS");
+  if (subsys != NULL && subsys[0] != '\0') {
+    static const struct { const char* name; unsigned bit; } names[] = {
+        {"INIT", MCCL_SUB_INIT}, {"NET", MCCL_SUB_NET}, {"COLL", MCCL_SUB_COLL},
+        {"ENV", MCCL_SUB_ENV}, {"ALL", MCCL_SUB_ALL}};
+    char copy[256];
+    snprintf(copy, sizeof(copy), "%s", subsys);
+    log_subsys = 0;
+    char* save = NULL;
+    for (char* tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+      for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(tok, names[i].name) == 0) log_subsys |= names[i].bit;
+    }
+  }
+  gethostname(log_host, sizeof(log_host) - 1);
+  if (log_level >= MCCL_LOG_INFO) mcclParamLogAll();
+}
+
+mcclLogLevel mcclLogLevelGet(void) {
+  pthread_once(&log_once, logInit);
+  return log_level;
+}
+
+void mcclLog(mcclLogLevel level, mcclSubsys sub, const char* file, int line, const char* fmt, ...) {
+  if (level > MCCL_LOG_WARN && (log_subsys & (unsigned)sub) == 0) return;
+  static const char* names[] = {"NONE", "WARN", "INFO", "TRACE"};
+  const char* base = strrchr(file, '/');
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s:%d:%ld MCCL %s %s:%d %s\n", log_host, (int)getpid(), (long)syscall(SYS_gettid),
+          names[level], base ? base + 1 : file, line, msg);
+}
+
+const char* mcclGetErrorString(mcclResult_t result) {
+  switch (result) {
+    case mcclSuccess: return "success";
+    case mcclInProgress: return "in progress";
+    case mcclInvalidArgument: return "invalid argument";
+    case mcclInvalidUsage: return "invalid usage";
+    case mcclSystemError: return "system error";
+    case mcclRemoteError: return "remote error (a peer failed or closed its connection)";
+    case mcclTimeout: return "timeout";
+    case mcclMismatch: return "collective mismatch between ranks";
+    case mcclProtocolError: return "protocol error";
+    case mcclAborted: return "aborted";
+    case mcclInternalError: return "internal error";
+    case mcclUnsupported: return "unsupported";
+    default: return "unknown result code";
+  }
+}
+
+static _Thread_local char thread_error[1024];
+
+void mcclSetThreadError(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+  va_end(ap);
+}
+
+const char* mcclThreadError(void) { return thread_error; }
+
+int64_t mcclNowNs(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}

@@ -1,0 +1,203 @@
+/*
+ * engine.c: issue order, the progress engine, and requests.
+ *
+ * The calling thread stamps each collective with the communicator's next sequence number under
+ * the queue lock; that number, carried in every frame, is the only thing that orders collectives
+ * on the wire. The engine thread takes requests in exactly that order and runs each to completion
+ * (or failure) before the next, so no thread scheduling can reorder buckets between ranks.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/comm.h"
+#include "core/debug.h"
+#include "device/handoff.h"
+#include "reduce/reduce.h"
+
+void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg) {
+  pthread_mutex_lock(&comm->errlock);
+  if (comm->async_error == mcclSuccess) {
+    comm->async_error = res;
+    snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", msg);
+    pthread_mutex_unlock(&comm->errlock);
+    WARN("rank %d: communicator '%s' failed: %s", comm->rank, comm->name, msg);
+    return;
+  }
+  pthread_mutex_unlock(&comm->errlock);
+  INFO(MCCL_SUB_COLL, "rank %d: further error after failure: %s", comm->rank, msg);
+}
+
+static void requestRelease(struct mcclRequest* req) {
+  if (atomic_fetch_sub(&req->refs, 1) == 1) {
+    pthread_mutex_destroy(&req->mu);
+    pthread_cond_destroy(&req->cv);
+    free(req);
+  }
+}
+
+static void requestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg) {
+  pthread_mutex_lock(&req->mu);
+  req->result = res;
+  snprintf(req->error, sizeof(req->error), "%s", res == mcclSuccess ? "" : msg);
+  pthread_mutex_unlock(&req->mu);
+  /* The consumer learns next (it may read mcclRequestError), and only then waiters: a caller
+   * who sees `done` may free the handoff context. */
+  mcclHandoffRelease(&req->handoff, res);
+  pthread_mutex_lock(&req->mu);
+  req->done = 1;
+  pthread_cond_broadcast(&req->cv);
+  pthread_mutex_unlock(&req->mu);
+}
+
+static mcclResult_t runAlgorithm(struct mcclComm* comm, const mcclOp* op) {
+  switch (op->coll) {
+    case MCCL_COLL_ALLREDUCE: return mcclAlgoAllReduce(&comm->algo, op);
+    case MCCL_COLL_BROADCAST: return mcclAlgoBroadcast(&comm->algo, op);
+    case MCCL_COLL_ALLGATHER: return mcclAlgoAllGather(&comm->algo, op);
+    case MCCL_COLL_BARRIER: return mcclAlgoBarrier(&comm->algo, op);
+  }
+  snprintf(comm->tp.error, sizeof(comm->tp.error), "unknown collective kind %d", (int)op->coll);
+  return mcclInternalError;
+}
+
+static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
+  char msg[1024];
+  pthread_mutex_lock(&comm->errlock);
+  mcclResult_t failed = comm->async_error;
+  if (failed != mcclSuccess)
+    snprintf(msg, sizeof(msg), "%s #%llu not run: the communicator already failed: %s",
+             mcclCollName(req->op.coll), (unsigned long long)req->op.seq, comm->error_msg);
+  pthread_mutex_unlock(&comm->errlock);
+  if (failed != mcclSuccess) {
+    requestFinish(req, failed, msg);
+    return;
+  }
+  int64_t start = mcclNowNs();
+  req->op.deadline_ns = start + req->timeout_ms * 1000000LL;
+  mcclResult_t res = mcclHandoffProducerWait(&req->handoff, req->timeout_ms);
+  if (res != mcclSuccess) {
+    snprintf(comm->tp.error, sizeof(comm->tp.error), "the producer of the buffers did not finish (%s)",
+             mcclGetErrorString(res));
+  } else {
+    TRACE(MCCL_SUB_COLL, "rank %d: start %s #%llu count %zu %s", comm->rank,
+          mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
+          mcclDtypeName(req->op.dtype));
+    res = runAlgorithm(comm, &req->op);
+  }
+  if (res == mcclSuccess) {
+    TRACE(MCCL_SUB_COLL, "rank %d: done %s #%llu in %.3f ms", comm->rank, mcclCollName(req->op.coll),
+          (unsigned long long)req->op.seq, (double)(mcclNowNs() - start) / 1e6);
+    requestFinish(req, mcclSuccess, "");
+    return;
+  }
+  snprintf(msg, sizeof(msg), "rank %d: %s #%llu (count %zu %s) failed after %.0f ms (timeout %lld ms): %s",
+           comm->rank, mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
+           mcclDtypeName(req->op.dtype), (double)(mcclNowNs() - start) / 1e6,
+           (long long)req->timeout_ms, comm->tp.error);
+  mcclCommSetError(comm, res, msg);
+  /* Tell every peer, then cut the connections, so that ranks blocked on this one fail now
+   * instead of at their own deadline. */
+  mcclTransportFail(&comm->tp, msg);
+  requestFinish(req, res, msg);
+}
+
+void* mcclEngineMain(void* arg) {
+  struct mcclComm* comm = arg;
+  for (;;) {
+    pthread_mutex_lock(&comm->qlock);
+    while (comm->qhead == NULL && !comm->stopping) pthread_cond_wait(&comm->qcond, &comm->qlock);
+    struct mcclRequest* req = comm->qhead;
+    if (req == NULL) { /* stopping and drained */
+      pthread_mutex_unlock(&comm->qlock);
+      break;
+    }
+    comm->qhead = req->next;
+    if (comm->qhead == NULL) comm->qtail = NULL;
+    pthread_mutex_unlock(&comm->qlock);
+    runRequest(comm, req);
+    requestRelease(req);
+  }
+  return NULL;
+}
+
+mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
+                              const mcclOpOptions_t* options, mcclRequest_t* request) {
+  struct mcclRequest* req = calloc(1, sizeof(*req));
+  if (req == NULL) {
+    mcclSetThreadError("out of memory for a request");
+    return mcclSystemError;
+  }
+  atomic_init(&req->refs, 2);
+  pthread_mutex_init(&req->mu, NULL);
+  pthread_cond_init(&req->cv, NULL);
+  req->op = *op;
+  req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : comm->timeout_ms;
+  if (options && options->handoff) req->handoff = *options->handoff;
+  if (options) req->op.algorithm = options->algorithm;
+
+  pthread_mutex_lock(&comm->qlock);
+  if (comm->stopping) {
+    pthread_mutex_unlock(&comm->qlock);
+    requestRelease(req);
+    requestRelease(req);
+    mcclSetThreadError("the communicator is being destroyed");
+    return mcclInvalidUsage;
+  }
+  req->op.seq = comm->next_seq++;
+  if (request != NULL) *request = req; /* before the engine can see it: a handoff may read it */
+  if (comm->qtail) comm->qtail->next = req;
+  else comm->qhead = req;
+  comm->qtail = req;
+  pthread_cond_signal(&comm->qcond);
+  pthread_mutex_unlock(&comm->qlock);
+
+  if (request != NULL) return mcclSuccess;
+  mcclResult_t res = mcclWait(req, -1);
+  if (res != mcclSuccess) {
+    pthread_mutex_lock(&comm->errlock);
+    snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", req->error);
+    pthread_mutex_unlock(&comm->errlock);
+  }
+  mcclRequestFree(req);
+  return res;
+}
+
+mcclResult_t mcclWait(mcclRequest_t req, int64_t timeout_ms) {
+  if (req == NULL) return mcclInvalidArgument;
+  pthread_mutex_lock(&req->mu);
+  if (timeout_ms < 0) {
+    while (!req->done) pthread_cond_wait(&req->cv, &req->mu);
+  } else {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    while (!req->done)
+      if (pthread_cond_timedwait(&req->cv, &req->mu, &until) != 0) break;
+  }
+  mcclResult_t res = req->done ? req->result : mcclInProgress;
+  pthread_mutex_unlock(&req->mu);
+  return res;
+}
+
+mcclResult_t mcclTest(mcclRequest_t req, int* done) {
+  if (req == NULL || done == NULL) return mcclInvalidArgument;
+  pthread_mutex_lock(&req->mu);
+  *done = req->done;
+  mcclResult_t res = req->done ? req->result : mcclSuccess;
+  pthread_mutex_unlock(&req->mu);
+  return res;
+}
+
+uint64_t mcclRequestSeq(mcclRequest_t req) { return req ? req->op.seq : 0; }
+
+const char* mcclRequestError(mcclRequest_t req) { return req ? req->error : ""; }
+
+void mcclRequestFree(mcclRequest_t req) {
+  if (req != NULL) requestRelease(req);
+}

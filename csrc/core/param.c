@@ -1,0 +1,82 @@
+/* param.c: the table of MCCL_* environment parameters and its read-once cache. */
+#include "core/param.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/debug.h"
+
+typedef struct {
+  const char* name;
+  int64_t default_value; /* for integer parameters */
+  int is_string;
+  const char* raw;       /* the environment's value, or NULL */
+  int64_t value;
+} mcclParam;
+
+/* Keep in step with docs/ENVIRONMENT.md. */
+static mcclParam params[] = {
+    {"MCCL_DEBUG", 0, 1, NULL, 0},
+    {"MCCL_DEBUG_SUBSYS", 0, 1, NULL, 0},
+    {"MCCL_SOCKET_IFNAME", 0, 1, NULL, 0},
+    {"MCCL_SOCKET_FAMILY", 0, 1, NULL, 0},
+    /* Messages of at least this many bytes use the ring; smaller ones recursive doubling/trees. */
+    {"MCCL_RING_THRESHOLD", 256 * 1024, 0, NULL, 0},
+    /* Bytes per ring frame: the unit that is sent, received and reduced as one pipeline stage. */
+    {"MCCL_SEGMENT_BYTES", 256 * 1024, 0, NULL, 0},
+    /* Frames in flight per ring link (posted receives and sends ahead of the reducer). */
+    {"MCCL_PIPELINE_DEPTH", 4, 0, NULL, 0},
+    /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
+    {"MCCL_SOCKET_BUFSIZE", 0, 0, NULL, 0},
+};
+
+static pthread_once_t params_once = PTHREAD_ONCE_INIT;
+
+static void paramsInit(void) {
+  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++) {
+    mcclParam* p = &params[i];
+    p->raw = getenv(p->name);
+    p->value = p->default_value;
+    if (p->raw == NULL || p->is_string) continue;
+    char* end = NULL;
+    long long v = strtoll(p->raw, &end, 0);
+    if (end == p->raw) {
+      fprintf(stderr, "MCCL WARN %s=%s is not an integer; using %lld\n", p->name, p->raw,
+              (long long)p->default_value);
+      continue;
+    }
+    /* Accept K/M/G suffixes (powers of 1024) for byte sizes. */
+    if (*end == 'k' || *end == 'K') v <<= 10;
+    else if (*end == 'm' || *end == 'M') v <<= 20;
+    else if (*end == 'g' || *end == 'G') v <<= 30;
+    p->value = v;
+  }
+}
+
+static mcclParam* paramFind(const char* name) {
+  pthread_once(&params_once, paramsInit);
+  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+    if (strcmp(params[i].name, name) == 0) return &params[i];
+  return NULL;
+}
+
+int64_t mcclParamInt(const char* name) {
+  mcclParam* p = paramFind(name);
+  return p ? p->value : 0;
+}
+
+const char* mcclParamString(const char* name) {
+  mcclParam* p = paramFind(name);
+  return p ? p->raw : NULL;
+}
+
+/* Called by the logger's one-time init, so it logs through mcclLog directly. */
+void mcclParamLogAll(void) {
+  pthread_once(&params_once, paramsInit);
+  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+    if (params[i].raw != NULL)
+      mcclLog(MCCL_LOG_INFO, MCCL_SUB_ENV, __FILE__, __LINE__, "%s set by environment to %s",
+              params[i].name, params[i].raw);
+}

@@ -1,0 +1,211 @@
+/* socket.c: addresses, interface selection (NCCL's MCCL_SOCKET_IFNAME grammar) and options. */
+#include "transport/socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/debug.h"
+#include "core/param.h"
+
+socklen_t mcclSockaddrLen(const mcclSockaddr* addr) {
+  return addr->sa.sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+void mcclSockaddrFormat(const mcclSockaddr* addr, char* out, size_t cap) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (addr->sa.sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &addr->sin6.sin6_addr, host, sizeof(host));
+    snprintf(out, cap, "[%s]:%u", host, ntohs(addr->sin6.sin6_port));
+  } else {
+    inet_ntop(AF_INET, &addr->sin.sin_addr, host, sizeof(host));
+    snprintf(out, cap, "%s:%u", host, ntohs(addr->sin.sin_port));
+  }
+}
+
+int mcclSockaddrParse(const char* text, mcclSockaddr* addr) {
+  memset(addr, 0, sizeof(*addr));
+  char host[INET6_ADDRSTRLEN + 2];
+  const char* colon = strrchr(text, ':');
+  if (colon == NULL) return -1;
+  size_t hostlen = (size_t)(colon - text);
+  if (hostlen == 0 || hostlen >= sizeof(host)) return -1;
+  memcpy(host, text, hostlen);
+  host[hostlen] = '\0';
+  char* end = NULL;
+  long port = strtol(colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) return -1;
+  if (host[0] == '[') {
+    if (host[hostlen - 1] != ']') return -1;
+    host[hostlen - 1] = '\0';
+    addr->sin6.sin6_family = AF_INET6;
+    addr->sin6.sin6_port = htons((uint16_t)port);
+    char* pct = strchr(host + 1, '%'); /* scope id, e.g. fe80::1%eth0 */
+    if (pct != NULL) {
+      *pct = '\0';
+      addr->sin6.sin6_scope_id = if_nametoindex(pct + 1);
+    }
+    return inet_pton(AF_INET6, host + 1, &addr->sin6.sin6_addr) == 1 ? 0 : -1;
+  }
+  addr->sin.sin_family = AF_INET;
+  addr->sin.sin_port = htons((uint16_t)port);
+  return inet_pton(AF_INET, host, &addr->sin.sin_addr) == 1 ? 0 : -1;
+}
+
+/* NCCL's interface grammar: does `name` match the user's list? */
+static int ifnameMatches(const char* list, const char* name) {
+  int exclude = 0, exact = 0;
+  if (*list == '^') { exclude = 1; list++; }
+  if (*list == '=') { exact = 1; list++; }
+  char copy[512];
+  snprintf(copy, sizeof(copy), "%s", list);
+  int hit = 0;
+  char* save = NULL;
+  for (char* tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (exact ? strcmp(name, tok) == 0 : strncmp(name, tok, strlen(tok)) == 0) { hit = 1; break; }
+  }
+  return exclude ? !hit : hit;
+}
+
+static int familyWanted(int family) {
+  const char* fam = mcclParamString("MCCL_SOCKET_FAMILY");
+  if (fam == NULL || fam[0] == '\0') return family == AF_INET || family == AF_INET6;
+  if (strcmp(fam, "AF_INET6") == 0 || strcmp(fam, "6") == 0) return family == AF_INET6;
+  return family == AF_INET;
+}
+
+/* Pick from getifaddrs: interfaces that are up, match `list` (NULL: any non-loopback), and have
+ * an address of a wanted family. IPv4 wins over IPv6 link-local. */
+static int pickInterface(const char* list, mcclSockaddr* addr, char* ifname, size_t cap,
+                         char* seen, size_t seen_cap) {
+  struct ifaddrs* ifs = NULL;
+  if (getifaddrs(&ifs) != 0) return -1;
+  int found = 0, found_score = -1;
+  for (struct ifaddrs* it = ifs; it != NULL; it = it->ifa_next) {
+    if (it->ifa_addr == NULL || !(it->ifa_flags & IFF_UP)) continue;
+    int family = it->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    if (seen != NULL && strstr(seen, it->ifa_name) == NULL && strlen(seen) + strlen(it->ifa_name) + 3 < seen_cap) {
+      if (seen[0] != '\0') strcat(seen, ", ");
+      strcat(seen, it->ifa_name);
+    }
+    if (!familyWanted(family)) continue;
+    if (list != NULL ? !ifnameMatches(list, it->ifa_name) : (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    int score = family == AF_INET ? 2 : 1;
+    if (family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6*)it->ifa_addr)->sin6_addr)) score = 0;
+    if (score > found_score) {
+      memset(addr, 0, sizeof(*addr));
+      memcpy(addr, it->ifa_addr, family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
+      snprintf(ifname, cap, "%s", it->ifa_name);
+      found = 1;
+      found_score = score;
+    }
+  }
+  freeifaddrs(ifs);
+  return found ? 0 : -1;
+}
+
+/* The source address the kernel would use to reach `host` (a UDP connect sends nothing). */
+static int routeToward(const char* host, mcclSockaddr* addr) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_socktype = SOCK_DGRAM;
+  const char* fam = mcclParamString("MCCL_SOCKET_FAMILY");
+  if (fam != NULL && (strcmp(fam, "AF_INET6") == 0 || strcmp(fam, "6") == 0)) hints.ai_family = AF_INET6;
+  else if (fam != NULL && fam[0] != '\0') hints.ai_family = AF_INET;
+  char bare[256];
+  snprintf(bare, sizeof(bare), "%s", host);
+  size_t n = strlen(bare);
+  if (n >= 2 && bare[0] == '[' && bare[n - 1] == ']') { /* "[::1]" as torchrun may pass it */
+    memmove(bare, bare + 1, n - 2);
+    bare[n - 2] = '\0';
+  }
+  if (getaddrinfo(bare, "9", &hints, &res) != 0 || res == NULL) return -1;
+  int rc = -1;
+  for (struct addrinfo* ai = res; ai != NULL && rc != 0; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    socklen_t len = sizeof(addr->ss);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 && getsockname(fd, &addr->sa, &len) == 0) rc = 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (rc == 0) {
+    if (addr->sa.sa_family == AF_INET) addr->sin.sin_port = 0;
+    else addr->sin6.sin6_port = 0;
+  }
+  return rc;
+}
+
+mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, char* ifname,
+                                  size_t ifname_cap) {
+  const char* list = mcclParamString("MCCL_SOCKET_IFNAME");
+  if (list != NULL && list[0] != '\0') {
+    char seen[256] = "";
+    if (pickInterface(list, addr, ifname, ifname_cap, seen, sizeof(seen)) == 0) return mcclSuccess;
+    mcclSetThreadError("MCCL_SOCKET_IFNAME=%s matches no interface that is up with a usable address "
+                       "(interfaces here: %s); use a prefix list like 'eth,en', '^docker' to "
+                       "exclude, or '=eth0' for an exact name",
+                       list, seen[0] ? seen : "none");
+    return mcclInvalidArgument;
+  }
+  if (peer_hint != NULL && peer_hint[0] != '\0' && routeToward(peer_hint, addr) == 0) {
+    snprintf(ifname, ifname_cap, "route to %s", peer_hint);
+    return mcclSuccess;
+  }
+  if (pickInterface(NULL, addr, ifname, ifname_cap, NULL, 0) == 0) return mcclSuccess;
+  memset(addr, 0, sizeof(*addr));
+  addr->sin.sin_family = AF_INET;
+  addr->sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  snprintf(ifname, ifname_cap, "loopback");
+  return mcclSuccess;
+}
+
+int mcclSocketTune(int fd) {
+  int one = 1;
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) return -1;
+  int bufsize = (int)mcclParamInt("MCCL_SOCKET_BUFSIZE");
+  if (bufsize > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof(bufsize));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof(bufsize));
+  }
+#ifdef SO_NOSIGPIPE
+  setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
+#endif
+  return 0;
+}
+
+mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
+  char text[MCCL_ADDR_STRLEN];
+  int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    mcclSetThreadError("socket() failed: %s", strerror(errno));
+    return mcclSystemError;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, &addr->sa, mcclSockaddrLen(addr)) != 0 || listen(fd, 1024) != 0) {
+    int err = errno;
+    mcclSockaddrFormat(addr, text, sizeof(text));
+    mcclSetThreadError("cannot listen on %s: %s", text, strerror(err));
+    close(fd);
+    return mcclSystemError;
+  }
+  socklen_t len = sizeof(addr->ss);
+  getsockname(fd, &addr->sa, &len);
+  int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  *out = fd;
+  return mcclSuccess;
+}

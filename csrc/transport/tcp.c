@@ -1,0 +1,644 @@
+/* tcp.c: the TCP mesh: authenticated connection setup, framed non-blocking I/O, progress. */
+#include "transport/tcp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/debug.h"
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0 /* macOS: SO_NOSIGPIPE is set on the socket instead */
+#endif
+
+const char* mcclCollName(int coll) {
+  switch (coll) {
+    case MCCL_COLL_ALLREDUCE: return "allreduce";
+    case MCCL_COLL_BROADCAST: return "broadcast";
+    case MCCL_COLL_ALLGATHER: return "allgather";
+    case MCCL_COLL_BARRIER: return "barrier";
+    default: return "unknown-collective";
+  }
+}
+
+const char* mcclDtypeName(int dtype) {
+  static const char* names[] = {"int8", "uint8", "int32", "int64", "float16",
+                                "float32", "float64", "bfloat16", "bool"};
+  return dtype >= 0 && dtype < (int)(sizeof(names) / sizeof(names[0])) ? names[dtype] : "unknown-dtype";
+}
+
+const char* mcclOpName(int op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor"};
+  return op >= 0 && op < (int)(sizeof(names) / sizeof(names[0])) ? names[op] : "unknown-op";
+}
+
+void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap) {
+  snprintf(out, cap, "%s #%llu (count %llu %s, op %s, root %u; step %u, bytes %llu+%u)",
+           mcclCollName(f->coll), (unsigned long long)f->seq, (unsigned long long)f->count,
+           mcclDtypeName(f->dtype), mcclOpName(f->op), f->root, f->step,
+           (unsigned long long)f->offset, f->length);
+}
+
+/* ---- connection setup ------------------------------------------------------------------- */
+
+enum { PEND_CONNECTING, PEND_SEND, PEND_RECV };
+
+typedef struct {
+  int fd;
+  int peer;      /* outgoing: the rank dialled; incoming: -1 until its hello is read */
+  int outgoing;
+  int state;
+  uint8_t buf[MCCL_HELLO_BYTES];
+  size_t done;
+  char addr[MCCL_ADDR_STRLEN];
+} mcclPending;
+
+#define MAX_PENDING_INCOMING 256
+
+static int tokenEqual(const uint8_t* a, const uint8_t* b) {
+  uint8_t diff = 0; /* constant time: do not leak how much of a guessed token matched */
+  for (int i = 0; i < MCCL_TOKEN_BYTES; i++) diff |= (uint8_t)(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+/* Check a received hello/ack; returns NULL when acceptable, else the reason to reject. */
+static const char* helloCheck(const mcclTransport* t, const mcclTransportAuth* auth,
+                              const uint8_t* buf, int expect_kind, int expect_rank, char* why,
+                              size_t cap) {
+  mcclHello h;
+  if (mcclHelloDecode(buf, &h) != 0) return "bad magic (not an MCCL peer)";
+  if (h.version != MCCL_PROTOCOL_VERSION) {
+    snprintf(why, cap, "protocol version %u, expected %u", h.version, MCCL_PROTOCOL_VERSION);
+    return why;
+  }
+  if (h.kind != expect_kind) return "unexpected handshake message kind";
+  if (!tokenEqual(h.token, auth->token)) return "wrong job token (another job, or a stranger)";
+  if (h.generation != auth->generation || h.comm_hash != auth->comm_hash) {
+    snprintf(why, cap, "communicator %016llx generation %llu, expected %016llx generation %llu",
+             (unsigned long long)h.comm_hash, (unsigned long long)h.generation,
+             (unsigned long long)auth->comm_hash, (unsigned long long)auth->generation);
+    return why;
+  }
+  if (h.nranks != t->nranks) {
+    snprintf(why, cap, "world size %u, expected %d", h.nranks, t->nranks);
+    return why;
+  }
+  if (expect_kind == MCCL_HELLO_KIND_HELLO) {
+    if (h.target != t->rank) return "dialled another rank";
+    if ((int)h.rank <= t->rank || (int)h.rank >= t->nranks) {
+      snprintf(why, cap, "claims rank %u, which must not dial rank %d", h.rank, t->rank);
+      return why;
+    }
+    if (t->conns[h.rank].fd >= 0) {
+      snprintf(why, cap, "duplicate connection for rank %u", h.rank);
+      return why;
+    }
+  } else if ((int)h.rank != expect_rank || h.target != t->rank) {
+    snprintf(why, cap, "answered as rank %u, expected rank %d", h.rank, expect_rank);
+    return why;
+  }
+  return NULL;
+}
+
+static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int kind, int target,
+                      uint8_t* out) {
+  mcclHello h;
+  memset(&h, 0, sizeof(h));
+  h.version = MCCL_PROTOCOL_VERSION;
+  h.kind = (uint16_t)kind;
+  memcpy(h.token, auth->token, MCCL_TOKEN_BYTES);
+  h.generation = auth->generation;
+  h.comm_hash = auth->comm_hash;
+  h.rank = (uint32_t)t->rank;
+  h.nranks = (uint16_t)t->nranks;
+  h.target = (uint16_t)target;
+  mcclHelloEncode(out, &h);
+}
+
+static int dial(mcclPending* p, const char* addr_text) {
+  mcclSockaddr addr;
+  if (mcclSockaddrParse(addr_text, &addr) != 0) return -1;
+  int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (mcclSocketTune(fd) != 0) { close(fd); return -1; }
+  int rc = connect(fd, &addr.sa, mcclSockaddrLen(&addr));
+  if (rc != 0 && errno != EINPROGRESS) { close(fd); return -1; }
+  p->fd = fd;
+  p->state = PEND_CONNECTING;
+  p->done = 0;
+  return 0;
+}
+
+static void pendingClose(mcclPending* p) {
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -1;
+}
+
+mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
+                               char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
+                               int64_t deadline_ns) {
+  memset(t, 0, sizeof(*t));
+  t->rank = rank;
+  t->nranks = nranks;
+  t->wake[0] = t->wake[1] = -1;
+  t->conns = calloc((size_t)nranks, sizeof(mcclConn));
+  t->pfds = calloc((size_t)nranks + 1, sizeof(struct pollfd));
+  t->pfd_peer = calloc((size_t)nranks + 1, sizeof(int));
+  int npend_cap = nranks + MAX_PENDING_INCOMING;
+  mcclPending* pend = calloc((size_t)npend_cap, sizeof(mcclPending));
+  struct pollfd* pfds = calloc((size_t)npend_cap + 1, sizeof(struct pollfd));
+  int64_t* retry_at = calloc((size_t)nranks, sizeof(int64_t));
+  char (*last_why)[160] = calloc((size_t)nranks, sizeof(*last_why));
+  mcclResult_t res = mcclSuccess;
+  if (!t->conns || !t->pfds || !t->pfd_peer || !pend || !pfds || !retry_at || !last_why) {
+    snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
+    res = mcclSystemError;
+    goto done;
+  }
+  for (int r = 0; r < nranks; r++) {
+    t->conns[r].fd = -1;
+    snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "%s", peer_addrs[r]);
+  }
+  snprintf(t->self_addr, sizeof(t->self_addr), "%s", peer_addrs[rank]);
+  if (pipe(t->wake) != 0) {
+    snprintf(t->error, sizeof(t->error), "pipe() failed: %s", strerror(errno));
+    res = mcclSystemError;
+    goto done;
+  }
+  fcntl(t->wake[0], F_SETFL, O_NONBLOCK);
+  fcntl(t->wake[1], F_SETFL, O_NONBLOCK);
+  fcntl(t->wake[0], F_SETFD, FD_CLOEXEC);
+  fcntl(t->wake[1], F_SETFD, FD_CLOEXEC);
+
+  /* Outgoing: one pending slot per lower rank (slot index == rank). */
+  for (int r = 0; r < npend_cap; r++) pend[r].fd = -1;
+  int remaining = nranks - 1;
+  for (int r = 0; r < rank; r++) {
+    pend[r].peer = r;
+    pend[r].outgoing = 1;
+    snprintf(pend[r].addr, sizeof(pend[r].addr), "%s", peer_addrs[r]);
+    if (dial(&pend[r], peer_addrs[r]) != 0) retry_at[r] = mcclNowNs() + 50 * 1000000LL;
+  }
+
+  while (remaining > 0) {
+    int64_t now = mcclNowNs();
+    if (now >= deadline_ns) {
+      char missing[400] = "";
+      size_t len = 0;
+      for (int r = 0; r < nranks && len + 100 < sizeof(missing); r++) {
+        if (r == rank || t->conns[r].fd >= 0) continue;
+        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%d (%s%s%s)",
+                                len ? ", " : "", r, peer_addrs[r], last_why[r][0] ? ": " : "",
+                                last_why[r]);
+      }
+      snprintf(t->error, sizeof(t->error),
+               "timed out connecting rank %d (%s) to its peers; still missing rank %s", rank,
+               t->self_addr, missing);
+      res = mcclTimeout;
+      goto done;
+    }
+    /* Redial peers whose earlier attempt failed. */
+    for (int r = 0; r < rank; r++) {
+      if (t->conns[r].fd < 0 && pend[r].fd < 0 && retry_at[r] && now >= retry_at[r]) {
+        retry_at[r] = 0;
+        if (dial(&pend[r], peer_addrs[r]) != 0) retry_at[r] = now + 50 * 1000000LL;
+      }
+    }
+    int np = 0;
+    pfds[np].fd = listen_fd;
+    pfds[np].events = POLLIN;
+    np++;
+    int slot_of[npend_cap + 1];
+    for (int i = 0; i < npend_cap; i++) {
+      if (pend[i].fd < 0) continue;
+      pfds[np].fd = pend[i].fd;
+      pfds[np].events = (pend[i].state == PEND_RECV) ? POLLIN : POLLOUT;
+      slot_of[np] = i;
+      np++;
+    }
+    int wait_ms = (int)((deadline_ns - now) / 1000000LL);
+    if (wait_ms > 50) wait_ms = 50;
+    if (wait_ms < 1) wait_ms = 1;
+    int n = poll(pfds, (nfds_t)np, wait_ms);
+    if (n < 0 && errno != EINTR) {
+      snprintf(t->error, sizeof(t->error), "poll() failed: %s", strerror(errno));
+      res = mcclSystemError;
+      goto done;
+    }
+    if (n <= 0) continue;
+    if (pfds[0].revents & POLLIN) {
+      for (;;) {
+        mcclSockaddr from;
+        socklen_t fromlen = sizeof(from.ss);
+        int fd = accept(listen_fd, &from.sa, &fromlen);
+        if (fd < 0) break;
+        int slot = -1;
+        for (int i = nranks; i < npend_cap; i++)
+          if (pend[i].fd < 0) { slot = i; break; }
+        char text[MCCL_ADDR_STRLEN];
+        mcclSockaddrFormat(&from, text, sizeof(text));
+        if (slot < 0 || mcclSocketTune(fd) != 0) {
+          WARN("rank %d: refused connection from %s: too many unauthenticated connections", rank, text);
+          close(fd);
+          continue;
+        }
+        memset(&pend[slot], 0, sizeof(pend[slot]));
+        pend[slot].fd = fd;
+        pend[slot].peer = -1;
+        pend[slot].state = PEND_RECV;
+        snprintf(pend[slot].addr, sizeof(pend[slot].addr), "%s", text);
+      }
+    }
+    for (int k = 1; k < np; k++) {
+      if (pfds[k].revents == 0) continue;
+      mcclPending* p = &pend[slot_of[k]];
+      char why[160];
+      const char* reject = NULL;
+      if (p->state == PEND_CONNECTING) {
+        int err = 0;
+        socklen_t el = sizeof(err);
+        getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err != 0) {
+          snprintf(last_why[p->peer], sizeof(last_why[0]), "%s", strerror(err));
+          pendingClose(p);
+          retry_at[p->peer] = mcclNowNs() + 50 * 1000000LL;
+          continue;
+        }
+        helloMake(t, auth, MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
+        p->state = PEND_SEND;
+        p->done = 0;
+      }
+      if (p->state == PEND_SEND) {
+        ssize_t w = send(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, MSG_NOSIGNAL);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (w <= 0) {
+          reject = strerror(errno);
+        } else if ((p->done += (size_t)w) == MCCL_HELLO_BYTES) {
+          if (p->outgoing) {
+            p->state = PEND_RECV;
+            p->done = 0;
+          } else { /* ack sent: the incoming connection is established */
+            t->conns[p->peer].fd = p->fd;
+            p->fd = -1;
+            remaining--;
+            INFO(MCCL_SUB_INIT, "rank %d: accepted rank %d from %s", rank, p->peer, p->addr);
+          }
+        }
+      } else if (p->state == PEND_RECV) {
+        ssize_t r = recv(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (r <= 0) {
+          reject = r == 0 ? "closed before finishing the handshake" : strerror(errno);
+        } else if ((p->done += (size_t)r) == MCCL_HELLO_BYTES) {
+          reject = helloCheck(t, auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO,
+                              p->peer, why, sizeof(why));
+          if (reject == NULL && p->outgoing) {
+            t->conns[p->peer].fd = p->fd;
+            p->fd = -1;
+            remaining--;
+            INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", rank, p->peer, p->addr);
+          } else if (reject == NULL) {
+            mcclHello h;
+            mcclHelloDecode(p->buf, &h);
+            p->peer = (int)h.rank;
+            helloMake(t, auth, MCCL_HELLO_KIND_ACK, p->peer, p->buf);
+            p->state = PEND_SEND;
+            p->done = 0;
+            /* Reserve the rank now so that a duplicate hello is refused. */
+            for (int i = nranks; i < npend_cap; i++)
+              if (&pend[i] != p && pend[i].fd >= 0 && pend[i].peer == p->peer) {
+                WARN("rank %d: closing duplicate connection for rank %d from %s", rank, p->peer, pend[i].addr);
+                pendingClose(&pend[i]);
+              }
+          }
+        }
+      }
+      if (reject != NULL) {
+        if (p->outgoing) {
+          snprintf(last_why[p->peer], sizeof(last_why[0]), "%s", reject);
+          INFO(MCCL_SUB_INIT, "rank %d: handshake with rank %d at %s failed (%s); retrying", rank,
+               p->peer, p->addr, reject);
+          pendingClose(p);
+          retry_at[p->peer] = mcclNowNs() + 100 * 1000000LL;
+        } else {
+          WARN("rank %d: rejected connection from %s: %s", rank, p->addr, reject);
+          pendingClose(p);
+        }
+      }
+    }
+  }
+done:
+  if (pend != NULL)
+    for (int i = 0; i < npend_cap; i++) pendingClose(&pend[i]);
+  free(pend);
+  free(pfds);
+  free(retry_at);
+  free(last_why);
+  return res;
+}
+
+/* ---- data transfers ---------------------------------------------------------------------- */
+
+void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
+  mcclConn* c = &t->conns[peer];
+  x->next = NULL;
+  x->done = 0;
+  x->complete = 0;
+  x->frame.type = MCCL_FRAME_DATA;
+  x->frame.length = (uint32_t)x->bytes;
+  mcclFrameEncode(x->hdr, &x->frame);
+  if (c->sq_tail) c->sq_tail->next = x;
+  else c->sq_head = x;
+  c->sq_tail = x;
+}
+
+void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
+  mcclConn* c = &t->conns[peer];
+  x->next = NULL;
+  x->done = 0;
+  x->complete = 0;
+  x->frame.type = MCCL_FRAME_DATA;
+  x->frame.length = (uint32_t)x->bytes;
+  if (c->rq_tail) c->rq_tail->next = x;
+  else c->rq_head = x;
+  c->rq_tail = x;
+}
+
+static mcclResult_t peerLost(mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err) {
+  mcclConn* c = &t->conns[peer];
+  char desc[200];
+  mcclFrameDescribe(f, desc, sizeof(desc));
+  if (!c->dead) {
+    c->dead = 1;
+    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s",
+             err == 0 ? "closed the connection" : strerror(err));
+  }
+  snprintf(t->error, sizeof(t->error),
+           "rank %d (%s) %s while rank %d was %s %s; the peer process probably exited or failed",
+           peer, c->addr, err == 0 ? "closed the connection" : strerror(err), t->rank, what, desc);
+  return mcclRemoteError;
+}
+
+/* Move bytes from the head sends of `c` until the socket is full. */
+static mcclResult_t connSend(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  while (c->sq_head != NULL) {
+    mcclXfer* x = c->sq_head;
+    struct iovec iov[2];
+    int niov = 0;
+    if (x->done < MCCL_FRAME_BYTES) {
+      iov[niov].iov_base = x->hdr + x->done;
+      iov[niov].iov_len = MCCL_FRAME_BYTES - x->done;
+      niov++;
+    }
+    size_t pdone = x->done > MCCL_FRAME_BYTES ? x->done - MCCL_FRAME_BYTES : 0;
+    if (x->bytes > pdone) {
+      iov[niov].iov_base = x->buf + pdone;
+      iov[niov].iov_len = x->bytes - pdone;
+      niov++;
+    }
+    struct msghdr msg;
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)niov;
+    ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
+      return peerLost(t, peer, "sending", &x->frame, errno);
+    }
+    x->done += (size_t)n;
+    if (x->done == MCCL_FRAME_BYTES + x->bytes) {
+      x->complete = 1;
+      c->sq_head = x->next;
+      if (c->sq_head == NULL) c->sq_tail = NULL;
+    }
+  }
+  return mcclSuccess;
+}
+
+/* Compare an arrived header with the one posted; mcclMismatch with both described if they differ. */
+static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got, const mcclFrame* want) {
+  if (got->coll == want->coll && got->dtype == want->dtype && got->op == want->op &&
+      got->seq == want->seq && got->count == want->count && got->offset == want->offset &&
+      got->length == want->length && got->step == want->step && got->root == want->root)
+    return mcclSuccess;
+  char a[200], b[200];
+  mcclFrameDescribe(got, a, sizeof(a));
+  mcclFrameDescribe(want, b, sizeof(b));
+  snprintf(t->error, sizeof(t->error),
+           "collective mismatch: rank %d (%s) sent %s, but rank %d expected %s; every rank must "
+           "issue the same collectives with the same sizes, dtypes, ops and roots in the same order",
+           peer, t->conns[peer].addr, a, t->rank, b);
+  return mcclMismatch;
+}
+
+/* Read into the head receives of `c` until the socket is empty. */
+static mcclResult_t connRecv(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  while (c->rq_head != NULL) {
+    mcclXfer* x = c->rq_head;
+    ssize_t n;
+    if (x->done < MCCL_FRAME_BYTES) {
+      n = recv(c->fd, x->hdr + x->done, MCCL_FRAME_BYTES - x->done, MSG_DONTWAIT);
+    } else {
+      size_t pdone = x->done - MCCL_FRAME_BYTES;
+      n = recv(c->fd, x->buf + pdone, x->bytes - pdone, MSG_DONTWAIT);
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
+      return peerLost(t, peer, "receiving", &x->frame, errno);
+    }
+    if (n == 0) return peerLost(t, peer, "receiving", &x->frame, 0);
+    size_t before = x->done;
+    x->done += (size_t)n;
+    if (before < MCCL_FRAME_BYTES && x->done == MCCL_FRAME_BYTES) {
+      mcclFrame got;
+      if (mcclFrameDecode(x->hdr, &got) != 0) {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame with a bad magic number",
+                 peer, c->addr);
+        return mcclProtocolError;
+      }
+      if (got.type == MCCL_FRAME_ABORT) {
+        /* The peer failed and says why; read its reason (bounded) and fail with it. */
+        char reason[MCCL_MAX_ABORT_REASON + 1];
+        size_t want = got.length < MCCL_MAX_ABORT_REASON ? got.length : MCCL_MAX_ABORT_REASON;
+        size_t have = 0;
+        int64_t until = mcclNowNs() + 1000000000LL;
+        while (have < want && mcclNowNs() < until) {
+          ssize_t m = recv(c->fd, reason + have, want - have, MSG_DONTWAIT);
+          if (m > 0) have += (size_t)m;
+          else if (m == 0 || (errno != EAGAIN && errno != EINTR)) break;
+          else {
+            struct pollfd pf = {c->fd, POLLIN, 0};
+            poll(&pf, 1, 10);
+          }
+        }
+        reason[have] = '\0';
+        c->dead = 1;
+        snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", reason);
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) failed: %s", peer, c->addr, reason);
+        return mcclRemoteError;
+      }
+      if (got.type != MCCL_FRAME_DATA) {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame of unknown type %u", peer,
+                 c->addr, got.type);
+        return mcclProtocolError;
+      }
+      MCCLCHECK(frameCheck(t, peer, &got, &x->frame));
+    }
+    if (x->done == MCCL_FRAME_BYTES + x->bytes) {
+      x->complete = 1;
+      c->rq_head = x->next;
+      if (c->rq_head == NULL) c->rq_tail = NULL;
+    }
+  }
+  return mcclSuccess;
+}
+
+static void describeStall(mcclTransport* t) {
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    char desc[200];
+    if (c->rq_head != NULL) {
+      mcclFrameDescribe(&c->rq_head->frame, desc, sizeof(desc));
+      snprintf(t->error, sizeof(t->error),
+               "timed out: rank %d was waiting for rank %d (%s) to send %s; that rank is "
+               "stalled, slower than the timeout, or issued different collectives",
+               t->rank, r, c->addr, desc);
+      return;
+    }
+  }
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    char desc[200];
+    if (c->sq_head != NULL) {
+      mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
+      snprintf(t->error, sizeof(t->error),
+               "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
+               "that rank is stalled or issued different collectives",
+               t->rank, desc, r, c->addr);
+      return;
+    }
+  }
+  snprintf(t->error, sizeof(t->error), "timed out");
+}
+
+mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
+  int np = 0;
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    short events = (short)((c->rq_head ? POLLIN : 0) | (c->sq_head ? POLLOUT : 0));
+    if (events == 0) continue;
+    if (c->fd < 0 || c->dead) {
+      snprintf(t->error, sizeof(t->error), "rank %d (%s) is no longer connected (%s)", r, c->addr,
+               c->dead ? c->dead_reason : "never connected");
+      return mcclRemoteError;
+    }
+    t->pfds[np].fd = c->fd;
+    t->pfds[np].events = events;
+    t->pfd_peer[np] = r;
+    np++;
+  }
+  if (np == 0) return mcclSuccess;
+  t->pfds[np].fd = t->wake[0];
+  t->pfds[np].events = POLLIN;
+  int64_t now = mcclNowNs();
+  int64_t wait_ms = (deadline_ns - now + 999999) / 1000000;
+  if (wait_ms > 1000) wait_ms = 1000; /* re-check the abort flag at least once a second */
+  if (wait_ms < 0) wait_ms = 0;
+  int n = poll(t->pfds, (nfds_t)np + 1, (int)wait_ms);
+  if (abort_flag != NULL && atomic_load(abort_flag)) {
+    snprintf(t->error, sizeof(t->error), "the communicator was aborted");
+    return mcclAborted;
+  }
+  if (n < 0) {
+    if (errno == EINTR) return mcclSuccess;
+    snprintf(t->error, sizeof(t->error), "poll() failed: %s", strerror(errno));
+    return mcclSystemError;
+  }
+  if (n == 0) {
+    if (mcclNowNs() >= deadline_ns) {
+      describeStall(t);
+      return mcclTimeout;
+    }
+    return mcclSuccess;
+  }
+  if (t->pfds[np].revents & POLLIN) {
+    char drain[64];
+    while (read(t->wake[0], drain, sizeof(drain)) > 0) {}
+  }
+  for (int k = 0; k < np; k++) {
+    short re = t->pfds[k].revents;
+    if (re == 0) continue;
+    int peer = t->pfd_peer[k];
+    if (re & (POLLIN | POLLERR | POLLHUP)) MCCLCHECK(connRecv(t, peer));
+    if (re & (POLLOUT | POLLERR | POLLHUP)) MCCLCHECK(connSend(t, peer));
+  }
+  return mcclSuccess;
+}
+
+void mcclTransportCancel(mcclTransport* t) {
+  for (int r = 0; r < t->nranks; r++) {
+    t->conns[r].sq_head = t->conns[r].sq_tail = NULL;
+    t->conns[r].rq_head = t->conns[r].rq_tail = NULL;
+  }
+}
+
+void mcclTransportWake(mcclTransport* t) {
+  if (t->wake[1] >= 0) {
+    char b = 1;
+    ssize_t ignored = write(t->wake[1], &b, 1);
+    (void)ignored;
+  }
+}
+
+void mcclTransportFail(mcclTransport* t, const char* reason) {
+  size_t len = strlen(reason);
+  if (len > MCCL_MAX_ABORT_REASON) len = MCCL_MAX_ABORT_REASON;
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    if (c->fd < 0) continue;
+    /* Only where no frame is half-written: otherwise the ABORT header would land mid-payload. */
+    if (!c->dead && (c->sq_head == NULL || c->sq_head->done == 0)) {
+      mcclFrame f;
+      memset(&f, 0, sizeof(f));
+      f.type = MCCL_FRAME_ABORT;
+      f.length = (uint32_t)len;
+      uint8_t hdr[MCCL_FRAME_BYTES];
+      mcclFrameEncode(hdr, &f);
+      struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void*)reason, len}};
+      struct msghdr msg;
+      memset(&msg, 0, sizeof(msg));
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      ssize_t ignored = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
+    }
+    shutdown(c->fd, SHUT_RDWR);
+    c->dead = 1;
+    if (c->dead_reason[0] == '\0') snprintf(c->dead_reason, sizeof(c->dead_reason), "this rank failed");
+  }
+  mcclTransportCancel(t);
+}
+
+void mcclTransportClose(mcclTransport* t) {
+  if (t->conns != NULL)
+    for (int r = 0; r < t->nranks; r++)
+      if (t->conns[r].fd >= 0) close(t->conns[r].fd);
+  if (t->wake[0] >= 0) close(t->wake[0]);
+  if (t->wake[1] >= 0) close(t->wake[1]);
+  free(t->conns);
+  free(t->pfds);
+  free(t->pfd_peer);
+  t->conns = NULL;
+  t->pfds = NULL;
+  t->pfd_peer = NULL;
+  t->wake[0] = t->wake[1] = -1;
+}

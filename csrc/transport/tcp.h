@@ -1,0 +1,100 @@
+/*
+ * tcp.h: one TCP connection per peer, authenticated at open, carrying framed payloads both ways
+ * at once (layer "transport"). The transport knows nothing about collectives: an algorithm posts
+ * transfers (one frame each) on a peer's send or receive queue and calls mcclTransportProgress
+ * until they complete. Each queue is FIFO, so frames leave and land in posting order, which is
+ * the same order on every rank.
+ *
+ * Flow control: a connection is read only while a receive is posted on it, so a rank that runs
+ * ahead is held back by TCP's own window (bounded by the socket buffers) and nothing is parked.
+ *
+ * Threading: a transport is owned by its communicator's engine thread; only mcclTransportWake
+ * may be called from other threads.
+ */
+#ifndef MCCL_TCP_H_
+#define MCCL_TCP_H_
+
+#include <poll.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mccl.h"
+#include "transport/socket.h"
+#include "transport/wire.h"
+
+/* One frame to send, or one frame expected. Owned by the algorithm that posts it; it must stay
+ * put until `complete` or until the transport is cancelled. */
+typedef struct mcclXfer {
+  struct mcclXfer* next;
+  mcclFrame frame;                /* send: the header to send; receive: the header expected */
+  uint8_t hdr[MCCL_FRAME_BYTES];  /* send: encoded header; receive: header as it arrives */
+  char* buf;                      /* payload source or destination */
+  size_t bytes;                   /* payload bytes (== frame.length) */
+  size_t done;                    /* header + payload bytes moved so far */
+  int complete;
+} mcclXfer;
+
+typedef struct mcclConn {
+  int fd;                         /* -1 for self and for peers not connected */
+  char addr[MCCL_ADDR_STRLEN];    /* the peer's published address */
+  mcclXfer *sq_head, *sq_tail;    /* sends, in order */
+  mcclXfer *rq_head, *rq_tail;    /* receives, in order */
+  int dead;                       /* the peer closed or reset; later use is an error */
+  char dead_reason[160];
+} mcclConn;
+
+typedef struct mcclTransport {
+  int rank, nranks;
+  mcclConn* conns;                /* [nranks]; conns[rank] unused */
+  int wake[2];                    /* self-pipe: mcclTransportWake interrupts a poll */
+  struct pollfd* pfds;            /* scratch for mcclTransportProgress, nranks + 1 */
+  int* pfd_peer;
+  char self_addr[MCCL_ADDR_STRLEN];
+  char error[768];                /* why the last call failed */
+} mcclTransport;
+
+/* What a rank needs to authenticate its peers. */
+typedef struct {
+  uint8_t token[MCCL_TOKEN_BYTES];
+  uint64_t generation, comm_hash;
+} mcclTransportAuth;
+
+/* Open the mesh: connect to every lower rank, accept every higher rank on `listen_fd`, with the
+ * hello/ack handshake in both directions, until `deadline_ns` (mcclNowNs clock). Connections that
+ * fail the handshake (strangers, wrong token or generation, duplicate or out-of-range ranks) are
+ * closed and logged; the mesh goes on. `peer_addrs[r]` is rank r's published address. */
+mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
+                               char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
+                               int64_t deadline_ns);
+
+void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x);
+void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
+
+/* One round: wait (until `deadline_ns` at most) for any posted transfer to make progress and move
+ * as many bytes as the sockets take. Returns mcclSuccess (maybe with nothing completed),
+ * mcclTimeout when the deadline passed with transfers still posted, mcclAborted when `abort_flag`
+ * is set, or the error of a peer (mcclRemoteError, mcclMismatch, mcclProtocolError,
+ * mcclSystemError) with t->error saying which peer and which frame. */
+mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag);
+
+/* Forget every posted transfer (after an error: their buffers are no longer referenced). */
+void mcclTransportCancel(mcclTransport* t);
+
+/* Interrupt a blocked mcclTransportProgress from any thread. */
+void mcclTransportWake(mcclTransport* t);
+
+/* Best effort: send an ABORT frame with `reason` to each peer whose send queue is idle, then
+ * shut every connection down so that peers blocked on this rank fail at once. */
+void mcclTransportFail(mcclTransport* t, const char* reason);
+
+/* Close every socket and free the transport's memory. */
+void mcclTransportClose(mcclTransport* t);
+
+/* Human-readable descriptions used in error messages. */
+const char* mcclCollName(int coll);
+const char* mcclDtypeName(int dtype);
+const char* mcclOpName(int op);
+void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap);
+
+#endif

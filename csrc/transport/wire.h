@@ -1,0 +1,136 @@
+/*
+ * wire.h: the bytes MCCL puts on a TCP connection (layer "transport").
+ *
+ * Every integer is fixed-width little-endian on the wire, whatever the host. Two message types:
+ *
+ * Hello (48 bytes), sent once in each direction when a connection opens: the connecting rank sends
+ * kind HELLO, the accepting rank answers kind ACK. Either side closes the socket on any field it
+ * does not expect (magic, version, token, generation, world size, rank).
+ *
+ *   0 magic u32 "MCCL"   4 version u16   6 kind u16   8 token[16]   24 generation u64
+ *   32 comm_hash u64     40 rank u32     44 nranks u16 + target u16 (target: the rank dialled)
+ *
+ * Frame header (48 bytes), before every payload. The receiver compares it with what it posted, so a
+ * rank that issued another collective, count, dtype, op or root is detected, never misread.
+ *
+ *   0 magic u32   4 type u8   5 coll u8   6 dtype u8   7 op u8   8 seq u64   16 count u64
+ *   24 offset u64 (byte offset of the payload in its buffer)   32 length u32 (payload bytes)
+ *   36 step u32   40 root u32   44 reserved u32
+ *
+ * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing.
+ */
+#ifndef MCCL_WIRE_H_
+#define MCCL_WIRE_H_
+
+#include <stdint.h>
+#include <string.h>
+
+#define MCCL_WIRE_MAGIC 0x4c43434du /* "MCCL" read as a little-endian u32 */
+#define MCCL_PROTOCOL_VERSION 1
+#define MCCL_TOKEN_BYTES 16
+#define MCCL_HELLO_BYTES 48
+#define MCCL_FRAME_BYTES 48
+#define MCCL_MAX_ABORT_REASON 512
+
+enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2 };
+enum { MCCL_FRAME_DATA = 1, MCCL_FRAME_ABORT = 2 };
+
+/* Collective kinds, as carried in frames. */
+typedef enum {
+  MCCL_COLL_ALLREDUCE = 1,
+  MCCL_COLL_BROADCAST = 2,
+  MCCL_COLL_ALLGATHER = 3,
+  MCCL_COLL_BARRIER = 4,
+} mcclCollKind;
+
+typedef struct {
+  uint16_t version, kind;
+  uint8_t token[MCCL_TOKEN_BYTES];
+  uint64_t generation, comm_hash;
+  uint32_t rank;
+  uint16_t nranks, target;
+} mcclHello;
+
+typedef struct {
+  uint8_t type, coll, dtype, op;
+  uint64_t seq, count, offset;
+  uint32_t length, step, root;
+} mcclFrame;
+
+static inline void mcclPut16(uint8_t* p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void mcclPut32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void mcclPut64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t mcclGet16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t mcclGet32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static inline uint64_t mcclGet64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+static inline void mcclHelloEncode(uint8_t out[MCCL_HELLO_BYTES], const mcclHello* h) {
+  memset(out, 0, MCCL_HELLO_BYTES);
+  mcclPut32(out + 0, MCCL_WIRE_MAGIC);
+  mcclPut16(out + 4, h->version);
+  mcclPut16(out + 6, h->kind);
+  memcpy(out + 8, h->token, MCCL_TOKEN_BYTES);
+  mcclPut64(out + 24, h->generation);
+  mcclPut64(out + 32, h->comm_hash);
+  mcclPut32(out + 40, h->rank);
+  mcclPut16(out + 44, h->nranks);
+  mcclPut16(out + 46, h->target);
+}
+
+/* Returns 0 when the magic matches, -1 otherwise (other fields are the caller's to check). */
+static inline int mcclHelloDecode(const uint8_t in[MCCL_HELLO_BYTES], mcclHello* h) {
+  if (mcclGet32(in) != MCCL_WIRE_MAGIC) return -1;
+  h->version = mcclGet16(in + 4);
+  h->kind = mcclGet16(in + 6);
+  memcpy(h->token, in + 8, MCCL_TOKEN_BYTES);
+  h->generation = mcclGet64(in + 24);
+  h->comm_hash = mcclGet64(in + 32);
+  h->rank = mcclGet32(in + 40);
+  h->nranks = mcclGet16(in + 44);
+  h->target = mcclGet16(in + 46);
+  return 0;
+}
+
+static inline void mcclFrameEncode(uint8_t out[MCCL_FRAME_BYTES], const mcclFrame* f) {
+  mcclPut32(out + 0, MCCL_WIRE_MAGIC);
+  out[4] = f->type;
+  out[5] = f->coll;
+  out[6] = f->dtype;
+  out[7] = f->op;
+  mcclPut64(out + 8, f->seq);
+  mcclPut64(out + 16, f->count);
+  mcclPut64(out + 24, f->offset);
+  mcclPut32(out + 32, f->length);
+  mcclPut32(out + 36, f->step);
+  mcclPut32(out + 40, f->root);
+  mcclPut32(out + 44, 0);
+}
+
+static inline int mcclFrameDecode(const uint8_t in[MCCL_FRAME_BYTES], mcclFrame* f) {
+  if (mcclGet32(in) != MCCL_WIRE_MAGIC) return -1;
+  f->type = in[4];
+  f->coll = in[5];
+  f->dtype = in[6];
+  f->op = in[7];
+  f->seq = mcclGet64(in + 8);
+  f->count = mcclGet64(in + 16);
+  f->offset = mcclGet64(in + 24);
+  f->length = mcclGet32(in + 32);
+  f->step = mcclGet32(in + 36);
+  f->root = mcclGet32(in + 40);
+  return 0;
+}
+
+#endif

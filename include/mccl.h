@@ -1,0 +1,273 @@
+/*
+ * mccl.h: the public C11 API of MCCL, a collective-communication library over TCP.
+ *
+ * One communicator (mcclComm_t) connects `nranks` processes, numbered 0..nranks-1. Collectives are
+ * issued on the caller's thread, which stamps each with the communicator's next sequence number;
+ * a progress engine (one thread per communicator) runs them strictly in that order, so every
+ * rank sees the same order on the wire whatever its threads do. Every call returns an
+ * mcclResult_t and writes outputs through pointers. Nothing in this library calls abort() or
+ * exit(), and nothing blocks without a deadline.
+ *
+ * Threading: every function may be called from any thread. Collectives on one communicator must
+ * be issued in the same order on every rank (as with NCCL and torch.distributed); issuing from
+ * two threads at once is allowed, but then the order is whatever the lock gives.
+ *
+ * Buffers: a buffer passed to a collective must stay valid, and must not be written by anyone
+ * else, until the request completes (mcclWait / mcclTest reports it done) or, when a handoff is
+ * given, until its consumer_release callback has run.
+ */
+#ifndef MCCL_H_
+#define MCCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MCCL_BUILDING_LIBRARY)
+#define MCCL_API __attribute__((visibility("default")))
+#else
+#define MCCL_API
+#endif
+
+#define MCCL_VERSION_MAJOR 0
+#define MCCL_VERSION_MINOR 1
+#define MCCL_VERSION_PATCH 0
+
+/* Result codes. mcclGetErrorString() names each; the communicator's last error says more. */
+typedef enum {
+  mcclSuccess = 0,
+  mcclInProgress = 1,      /* mcclTest/mcclWait: the request has not finished yet. */
+  mcclInvalidArgument = 2, /* A bad pointer, size, dtype, op or rank, caught before any I/O. */
+  mcclInvalidUsage = 3,    /* A call that is not allowed in the current state. */
+  mcclSystemError = 4,     /* An OS call failed (socket, thread, memory). */
+  mcclRemoteError = 5,     /* A peer closed or reset its connection, or sent an abort. */
+  mcclTimeout = 6,         /* A deadline passed while waiting for a peer or a store key. */
+  mcclMismatch = 7,        /* Ranks issued different collectives (kind, size, dtype, op, root). */
+  mcclProtocolError = 8,   /* Malformed bytes from a peer (bad magic, version, token, frame). */
+  mcclAborted = 9,         /* mcclCommAbort was called. */
+  mcclInternalError = 10,  /* A bug in MCCL. */
+  mcclUnsupported = 11,    /* A valid request this build cannot serve (e.g. AVG of bool). */
+  mcclNumResults = 12
+} mcclResult_t;
+
+/* Element types. Sizes in bytes: 1, 1, 4, 8, 2, 4, 8, 2, 1. Bool is one byte holding 0 or 1. */
+typedef enum {
+  mcclInt8 = 0,
+  mcclUint8 = 1,
+  mcclInt32 = 2,
+  mcclInt64 = 3,
+  mcclFloat16 = 4,  /* IEEE binary16; reduced in fp32, rounded to nearest even once per hop. */
+  mcclFloat32 = 5,
+  mcclFloat64 = 6,
+  mcclBfloat16 = 7, /* bfloat16; reduced in fp32, rounded to nearest even once per hop. */
+  mcclBool = 8,
+  mcclNumTypes = 9
+} mcclDataType_t;
+
+/* Reduction operators.
+ * SUM, PROD, MAX, MIN on every type. Integers wrap around (two's complement) and never pass
+ * through floating point. Bool: SUM and MAX are logical OR, PROD and MIN are logical AND.
+ * MAX/MIN of floats propagate NaN (as torch.maximum/torch.minimum do).
+ * AVG: the sum divided by the number of ranks, once, at the end: true division for floating
+ * types, division truncating toward zero for integers; not defined for bool.
+ * BAND, BOR, BXOR: bitwise, integer and bool types only. */
+typedef enum {
+  mcclSum = 0,
+  mcclProd = 1,
+  mcclMax = 2,
+  mcclMin = 3,
+  mcclAvg = 4,
+  mcclBand = 5,
+  mcclBor = 6,
+  mcclBxor = 7,
+  mcclNumOps = 8
+} mcclRedOp_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Bootstrap store: how ranks find each other.
+ *
+ * A small key-value store shared by all ranks of a job (torch's c10d::Store plugs in here). Keys
+ * are NUL-terminated strings; values are byte strings. All callbacks may be called from the
+ * thread that creates the communicator only, and must be safe to call while other communicators
+ * use the same store.
+ *   set:  store `len` bytes under `key`, replacing any old value.
+ *   get:  wait up to `timeout_ms` for `key` to exist, then copy at most `cap` bytes of its value
+ *         into `buf` and its full length into `*len`. mcclTimeout if it never appears.
+ *   wait: wait up to `timeout_ms` for `key` to exist. mcclTimeout if it never appears.
+ *   add:  atomically add `delta` to the integer stored under `key` (0 if absent) and write the
+ *         new value to `*result`.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct mcclStore {
+  void* ctx;
+  mcclResult_t (*set)(void* ctx, const char* key, const void* value, size_t len);
+  mcclResult_t (*get)(void* ctx, const char* key, void* buf, size_t cap, size_t* len,
+                      int64_t timeout_ms);
+  mcclResult_t (*wait)(void* ctx, const char* key, int64_t timeout_ms);
+  mcclResult_t (*add)(void* ctx, const char* key, int64_t delta, int64_t* result);
+} mcclStore_t;
+
+/* The built-in TCP store, for C programs and tools that have no torch store.
+ * One process serves (mcclTcpStoreServe) and every rank connects as a client.
+ *
+ * mcclTcpStoreListen: bind a listening socket on `host` (NULL: all interfaces) and `port` (0: an
+ *   ephemeral port); writes the bound port to `*port_out` and the server handle to `*server`.
+ * mcclTcpStoreServe: serve requests until mcclTcpStoreStop is called from another thread or
+ *   `expected_clients` clients have connected and all of them have closed (0: serve until
+ *   stopped). Blocks the calling thread.
+ * mcclTcpStoreStop / mcclTcpStoreFree: stop serving; free the server.
+ * mcclTcpStoreConnect: connect to `host`:`port`, retrying until `timeout_ms`; fills `*store`.
+ * mcclTcpStoreClose: close a client store made by mcclTcpStoreConnect. */
+typedef struct mcclTcpStoreServer mcclTcpStoreServer_t;
+MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_out,
+                                         mcclTcpStoreServer_t** server);
+MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* server, int expected_clients);
+MCCL_API void mcclTcpStoreStop(mcclTcpStoreServer_t* server);
+MCCL_API void mcclTcpStoreFree(mcclTcpStoreServer_t* server);
+MCCL_API mcclResult_t mcclTcpStoreConnect(const char* host, int port, int64_t timeout_ms,
+                                          mcclStore_t* store);
+MCCL_API void mcclTcpStoreClose(mcclStore_t* store);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicators
+ * ------------------------------------------------------------------------------------------- */
+typedef struct mcclComm* mcclComm_t;
+
+typedef struct mcclCommConfig {
+  size_t size;            /* sizeof(mcclCommConfig_t): lets the struct grow compatibly. */
+  int rank;               /* This process's rank, 0 <= rank < nranks. */
+  int nranks;             /* The world size of this communicator, >= 1. */
+  mcclStore_t store;      /* How ranks exchange addresses and the job token. */
+  const char* name;       /* Group name, part of every store key (NULL: "default"). */
+  int64_t timeout_ms;     /* Default deadline of init and of every collective (<= 0: 30 min). */
+  const char* peer_hint;  /* A host all ranks can reach (e.g. MASTER_ADDR); picks the interface
+                             whose route leads there when MCCL_SOCKET_IFNAME is unset. NULL: none. */
+} mcclCommConfig_t;
+
+/* Initialise `*config` with defaults (size set, timeout 30 min, name "default"). */
+MCCL_API void mcclCommConfigInit(mcclCommConfig_t* config);
+
+/* Create a communicator. Collective over all `nranks` ranks: each must call it with the same
+ * name and store. Listens on an ephemeral port, publishes its address under a key made of the
+ * group name and an init generation (so re-inits never meet stale endpoints), connects to every
+ * peer with an authenticated handshake, and starts the progress engine.
+ * Errors: mcclInvalidArgument (bad config), mcclTimeout (a peer never showed up within the
+ * timeout), mcclSystemError. On failure *comm is NULL and mcclGetLastError() explains why. */
+MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* comm, const mcclCommConfig_t* config);
+
+/* Finish every request already issued (each bounded by its own deadline), then close all
+ * connections, stop the engine and free the communicator. */
+MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm);
+
+/* Fail every issued and future request with mcclAborted, unblock every waiter, close all
+ * connections, and free the communicator. Safe to call from any thread, once. */
+MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm);
+
+MCCL_API mcclResult_t mcclCommRank(mcclComm_t comm, int* rank);
+MCCL_API mcclResult_t mcclCommCount(mcclComm_t comm, int* nranks);
+
+/* The communicator's first fatal error, or mcclSuccess. Once set, every later request fails with
+ * it. The message names the peer rank, its address and the operation. */
+MCCL_API mcclResult_t mcclCommGetAsyncError(mcclComm_t comm, mcclResult_t* error);
+
+/* A human-readable message for the last error of `comm` (NULL: the calling thread's last error,
+ * e.g. from a failed init). Valid until the next call on the same communicator or thread. */
+MCCL_API const char* mcclGetLastError(mcclComm_t comm);
+
+/* A static name for a result code. */
+MCCL_API const char* mcclGetErrorString(mcclResult_t result);
+
+MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype);
+
+/* ---------------------------------------------------------------------------------------------
+ * Device handoff: the seam between a device's stream and the engine (ARCHITECTURE.md).
+ *
+ * producer_wait (O1) runs on the engine thread before it reads any byte of the request's buffers;
+ * it returns when the device work that writes them has finished, or an error (mcclTimeout after
+ * `timeout_ms`). consumer_release (O2) runs on the engine thread exactly once, after the last
+ * byte was written or the request failed (result says which); the caller may release the
+ * buffers then. CPU memory needs no producer_wait; set it to NULL.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct mcclHandoff {
+  void* ctx;
+  mcclResult_t (*producer_wait)(void* ctx, int64_t timeout_ms);
+  void (*consumer_release)(void* ctx, mcclResult_t result);
+} mcclHandoff_t;
+
+/* Algorithm choice for one call (benchmarks and tests force one; users leave AUTO). */
+typedef enum {
+  mcclAlgoAuto = 0, /* by size: MCCL_RING_THRESHOLD bytes and up take the ring */
+  mcclAlgoRing = 1, /* pipelined ring (all-reduce, all-gather) or chain (broadcast) */
+  mcclAlgoTree = 2  /* recursive doubling (all-reduce) or binomial tree (broadcast) */
+} mcclAlgorithm_t;
+
+/* Per-call options; pass NULL for the defaults. Zero-initialise, then set what you need. */
+typedef struct mcclOpOptions {
+  int64_t timeout_ms;            /* <= 0: the communicator's timeout. Counted from when the
+                                    engine starts the request. */
+  const mcclHandoff_t* handoff;  /* NULL: plain CPU memory, no callbacks. Copied at issue. */
+  mcclAlgorithm_t algorithm;     /* mcclAlgoAuto unless a test or benchmark forces one. */
+} mcclOpOptions_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests. Every collective takes `request`: when non-NULL, the call returns at once with a
+ * request to wait on; when NULL, the call blocks until the collective has finished.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct mcclRequest* mcclRequest_t;
+
+/* Wait up to `timeout_ms` (< 0: forever; the request's own deadline still applies) for the
+ * request to finish. Returns mcclSuccess, the request's error, or mcclInProgress when this
+ * wait's timeout passed first (the request goes on). */
+MCCL_API mcclResult_t mcclWait(mcclRequest_t request, int64_t timeout_ms);
+
+/* Non-blocking: *done = 1 and the request's result once it finished, else *done = 0. */
+MCCL_API mcclResult_t mcclTest(mcclRequest_t request, int* done);
+
+/* The request's sequence number on its communicator (0, 1, 2, ... in issue order). */
+MCCL_API uint64_t mcclRequestSeq(mcclRequest_t request);
+
+/* The error message of a failed request ("" on success). Valid once mcclWait/mcclTest reported the
+ * request done, and inside its consumer_release callback; until mcclRequestFree. */
+MCCL_API const char* mcclRequestError(mcclRequest_t request);
+
+/* Release the caller's hold. The engine keeps its own until the request finishes, so freeing a
+ * running request is allowed (its result is then lost). */
+MCCL_API void mcclRequestFree(mcclRequest_t request);
+
+/* ---------------------------------------------------------------------------------------------
+ * Collectives. Counts are in elements of `datatype`; a count of 0 is a no-op that still takes a
+ * sequence number. In-place use is allowed where stated (sendbuf == recvbuf). Every rank's
+ * result is bitwise identical. Errors before any byte moves: mcclInvalidArgument for a bad
+ * dtype/op/root/pointer, mcclUnsupported for an op the dtype lacks; later errors (peer lost,
+ * timeout, mismatch) come from mcclWait and also fail the communicator.
+ * ------------------------------------------------------------------------------------------- */
+
+/* recvbuf[i] = op over ranks of sendbuf[i], i < count. In place allowed. Uses recursive doubling
+ * below MCCL_RING_THRESHOLD bytes and a pipelined ring (reduce-scatter + all-gather) above it. */
+MCCL_API mcclResult_t mcclAllReduce(const void* sendbuf, void* recvbuf, size_t count,
+                                    mcclDataType_t datatype, mcclRedOp_t op, mcclComm_t comm,
+                                    const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* Copy `count` elements from `root`'s buffer into every rank's buffer (in place: the buffer is
+ * read on root and written elsewhere). Binomial tree below the threshold, pipelined chain above. */
+MCCL_API mcclResult_t mcclBroadcast(void* buffer, size_t count, mcclDataType_t datatype, int root,
+                                    mcclComm_t comm, const mcclOpOptions_t* options,
+                                    mcclRequest_t* request);
+
+/* recvbuf[r * sendcount + i] = sendbuf of rank r [i]. recvbuf holds nranks * sendcount elements.
+ * In place allowed when sendbuf == recvbuf + rank * sendcount. Pipelined ring. */
+MCCL_API mcclResult_t mcclAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                    mcclDataType_t datatype, mcclComm_t comm,
+                                    const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* Returns on every rank only after every rank has entered it (dissemination over recursive
+ * doubling partners, one byte per step). */
+MCCL_API mcclResult_t mcclBarrier(mcclComm_t comm, const mcclOpOptions_t* options,
+                                  mcclRequest_t* request);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MCCL_H_ */

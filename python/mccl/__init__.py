@@ -1,0 +1,43 @@
+"""MCCL: a collective-communication library over TCP, as the torch.distributed backend ``"mccl"``.
+
+Importing this package registers the backend, so an unmodified script only changes its backend
+name::
+
+    import mccl  # registers "mccl"
+    import torch.distributed as dist
+    dist.init_process_group(backend="mccl")   # env:// rendezvous, e.g. under torchrun
+
+Every byte of every collective is moved, ordered and reduced by the C library (``include/mccl.h``)
+over one TCP connection per peer pair; this package only registers it and passes tensors through.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["BACKEND_NAME", "DEVICES", "version"]
+
+BACKEND_NAME = "mccl"
+#: Device types whose tensors the backend accepts. cuda and mps tensors plug into the same C
+#: handoff seam in later releases; cpu must stay listed (barrier and the object collectives use it).
+DEVICES = ["cpu"]
+version = tuple(_C.version)
+
+
+def _create_backend(store: dist.Store, group_rank: int, group_size: int, timeout: timedelta) -> _C.ProcessGroupMCCL:
+    """Backend creator called by ``init_process_group``/``new_group``.
+
+    ``store`` is already prefixed for the group; ``timeout`` bounds init and is the default deadline
+    of every collective. MASTER_ADDR, when set, picks the network interface whose route leads to
+    it (``MCCL_SOCKET_IFNAME`` overrides that).
+    """
+    return _C.ProcessGroupMCCL(store, group_rank, group_size, timeout, os.environ.get("MASTER_ADDR", ""))
+
+
+if BACKEND_NAME not in dist.Backend.backend_list:
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=DEVICES)

@@ -1,0 +1,211 @@
+/*
+ * test_collectives.c: all-reduce (ring and recursive doubling, forced), broadcast, all-gather and
+ * barrier on 1..9 ranks forked on 127.0.0.1, with random start skew per rank, against exact
+ * references; every rank reports a digest of every result and the harness checks they agree
+ * bitwise. Inputs are small integers so every dtype's result is exact.
+ *
+ * Usage: test_collectives [max_ranks]   (default 9)
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "reduce/reduce.h"
+
+/* The integer value rank r contributes at index i for `op` (small, so sums and products of up to
+ * 9 ranks are exact in every floating type, including fp16 and bf16). */
+static int64_t inputValue(mcclDataType_t dt, mcclRedOp_t op, int r, size_t i) {
+  if (dt == mcclBool) return (i % 5 == 0) ? 1 : ((i + (size_t)r) % 3 == 0);
+  if (op == mcclProd) {
+    static const int v[5] = {1, 2, -1, -2, 1};
+    int64_t x = v[(i * 3 + (size_t)r) % 5];
+    return dt == mcclUint8 ? (x < 0 ? -x : x) : x;
+  }
+  int64_t x = (int64_t)((i * 7 + (size_t)r * 13) % 11) - 5;
+  return dt == mcclUint8 ? x + 5 : x;
+}
+
+static void storeValue(void* buf, mcclDataType_t dt, size_t i, double v) {
+  switch (dt) {
+    case mcclInt8: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
+    case mcclUint8: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
+    case mcclBool: ((uint8_t*)buf)[i] = v != 0; break;
+    case mcclInt32: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
+    case mcclInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case mcclFloat16: ((uint16_t*)buf)[i] = mcclFloatToHalf((float)v); break;
+    case mcclBfloat16: ((uint16_t*)buf)[i] = mcclFloatToBfloat16((float)v); break;
+    case mcclFloat32: ((float*)buf)[i] = (float)v; break;
+    case mcclFloat64: ((double*)buf)[i] = v; break;
+    default: break;
+  }
+}
+
+/* Reference for element i over n ranks, written into `ref` at i in the dtype's representation.
+ * Integers wrap like the hardware (computed in int64 then truncated); AVG follows the documented
+ * rule: floats divide the exact sum once (fp32 for the half types), integers truncate. */
+static void referenceValue(void* ref, mcclDataType_t dt, mcclRedOp_t op, int n, size_t i) {
+  int64_t acc = inputValue(dt, op, 0, i);
+  for (int r = 1; r < n; r++) {
+    int64_t x = inputValue(dt, op, r, i);
+    switch (op) {
+      case mcclSum: case mcclAvg: acc = dt == mcclBool ? (acc || x) : acc + x; break;
+      case mcclProd: acc = dt == mcclBool ? (acc && x) : acc * x; break;
+      case mcclMax: acc = x > acc ? x : acc; break;
+      case mcclMin: acc = x < acc ? x : acc; break;
+      default: break;
+    }
+  }
+  if (op != mcclAvg) {
+    if (dt == mcclInt8) ((int8_t*)ref)[i] = (int8_t)(uint8_t)(uint64_t)acc;
+    else storeValue(ref, dt, i, (double)acc);
+    return;
+  }
+  switch (dt) {
+    case mcclFloat16: case mcclBfloat16: case mcclFloat32:
+      storeValue(ref, dt, i, (double)((float)acc / (float)n));
+      break;
+    case mcclFloat64: storeValue(ref, dt, i, (double)acc / (double)n); break;
+    default: storeValue(ref, dt, i, (double)(acc / n)); break;
+  }
+}
+
+/* inputValue depends on i only through i mod 3, 5 and 11, so every array below repeats with this
+ * period: compute one period, then copy it forward (keeps 64 Mi-element cases fast). */
+#define PERIOD 165
+
+static void tile(char* buf, size_t esz, size_t count) {
+  for (size_t have = PERIOD; have < count; have *= 2)
+    memcpy(buf + have * esz, buf, (count - have < have ? count - have : have) * esz);
+}
+
+static void fillInput(void* buf, mcclDataType_t dt, mcclRedOp_t op, int r, size_t count) {
+  for (size_t i = 0; i < count && i < PERIOD; i++) {
+    int64_t v = inputValue(dt, op, r, i);
+    if (dt == mcclInt8) ((int8_t*)buf)[i] = (int8_t)v;
+    else storeValue(buf, dt, i, (double)v);
+  }
+  tile(buf, mcclDataTypeSize(dt), count);
+}
+
+static void skew(uint64_t* rng) { usleep((useconds_t)(harnessRandom(rng) % 3000)); }
+
+static const mcclRedOp_t kOps[] = {mcclSum, mcclProd, mcclMax, mcclMin, mcclAvg};
+static const mcclDataType_t kTypes[] = {mcclInt8, mcclUint8, mcclInt32, mcclInt64, mcclFloat16,
+                                        mcclFloat32, mcclFloat64, mcclBfloat16, mcclBool};
+
+/* One all-reduce: fill, run, compare with the reference, report the digest. */
+static void checkAllReduce(mcclComm_t comm, int r, int n, mcclDataType_t dt, mcclRedOp_t op,
+                           size_t count, mcclAlgorithm_t algo, int in_place, uint64_t* rng) {
+  size_t esz = mcclDataTypeSize(dt), bytes = count * esz;
+  char* send = malloc(bytes + 1);
+  char* recv = in_place ? send : malloc(bytes + 1);
+  char* ref = malloc(bytes + 1);
+  fillInput(send, dt, op, r, count);
+  if (!in_place) memset(recv, 0xA5, bytes);
+  for (size_t i = 0; i < count && i < PERIOD; i++) referenceValue(ref, dt, op, n, i);
+  tile(ref, esz, count);
+  mcclOpOptions_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.algorithm = algo;
+  skew(rng);
+  mcclResult_t res = mcclAllReduce(send, recv, count, dt, op, comm, &opts, NULL);
+  EXPECT(res == mcclSuccess, "allreduce n=%d count=%zu dtype=%d op=%d algo=%d: %s", n, count,
+         (int)dt, (int)op, (int)algo, mcclGetLastError(comm));
+  size_t bad = 0, first_bad = 0;
+  if (memcmp(recv, ref, bytes) != 0)
+    for (size_t i = 0; i < count; i++)
+      if (memcmp(recv + i * esz, ref + i * esz, esz) != 0 && bad++ == 0) first_bad = i;
+  EXPECT(bad == 0, "rank %d n=%d dtype=%d op=%d count=%zu algo=%d in_place=%d: %zu wrong, first at %zu",
+         r, n, (int)dt, (int)op, count, (int)algo, in_place, bad, first_bad);
+  harnessReport(harnessDigest(recv, bytes));
+  free(send);
+  if (!in_place) free(recv);
+  free(ref);
+}
+
+static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  uint64_t rng = 0x1234u + (uint64_t)r * 7919u;
+  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree};
+
+  /* Every op x dtype, both algorithms, a count that is not a multiple of n. */
+  for (size_t a = 0; a < 2; a++)
+    for (size_t t = 0; t < sizeof(kTypes) / sizeof(kTypes[0]); t++)
+      for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); o++) {
+        if (mcclReduceCheck(kTypes[t], kOps[o]) != mcclSuccess) continue;
+        checkAllReduce(comm, r, n, kTypes[t], kOps[o], 1000 + (size_t)n, algos[a], (int)(t + o) % 2, &rng);
+      }
+
+  /* Edge and large counts, int32 SUM (exact, every byte position different). */
+  const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n, (size_t)n + 1, 7919, (1u << 20) + 3};
+  for (size_t a = 0; a < 2; a++)
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+      checkAllReduce(comm, r, n, mcclInt32, mcclSum, counts[c], algos[a], (int)c % 2, &rng);
+  /* 64 Mi elements through the ring (int8: 64 MiB per rank). */
+  checkAllReduce(comm, r, n, mcclInt8, mcclSum, (size_t)64 << 20, mcclAlgoRing, 1, &rng);
+
+  /* Broadcast from the first and last rank, through the tree and the chain. */
+  const size_t bcounts[] = {0, 1, 7919, (1u << 20) + 3};
+  for (size_t a = 0; a < 2; a++)
+    for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1))
+      for (size_t c = 0; c < sizeof(bcounts) / sizeof(bcounts[0]); c++) {
+        size_t count = bcounts[c];
+        int32_t* buf = malloc(count * 4 + 4);
+        for (size_t i = 0; i < count; i++) buf[i] = r == root ? (int32_t)(i * 31 + (size_t)root) : -1;
+        mcclOpOptions_t opts;
+        memset(&opts, 0, sizeof(opts));
+        opts.algorithm = algos[a];
+        skew(&rng);
+        EXPECT_OK(comm, mcclBroadcast(buf, count, mcclInt32, root, comm, &opts, NULL));
+        size_t bad = 0;
+        for (size_t i = 0; i < count; i++) bad += buf[i] != (int32_t)(i * 31 + (size_t)root);
+        EXPECT(bad == 0, "broadcast n=%d root=%d count=%zu algo=%d: %zu wrong", n, root, count,
+               (int)algos[a], bad);
+        harnessReport(harnessDigest(buf, count * 4));
+        free(buf);
+        if (n == 1) break;
+      }
+
+  /* All-gather, out of place and in place. */
+  const size_t gcounts[] = {0, 1, 7919, 300000};
+  for (size_t c = 0; c < sizeof(gcounts) / sizeof(gcounts[0]); c++) {
+    size_t count = gcounts[c];
+    float* out = malloc(count * (size_t)n * 4 + 4);
+    float* in = malloc(count * 4 + 4);
+    for (size_t i = 0; i < count; i++) in[i] = (float)(r * 1000 + (int)(i % 997));
+    int in_place = (int)c % 2;
+    if (in_place) memcpy(out + (size_t)r * count, in, count * 4);
+    skew(&rng);
+    EXPECT_OK(comm, mcclAllGather(in_place ? out + (size_t)r * count : in, out, count, mcclFloat32,
+                                  comm, NULL, NULL));
+    size_t bad = 0;
+    for (int q = 0; q < n; q++)
+      for (size_t i = 0; i < count; i++) bad += out[(size_t)q * count + i] != (float)(q * 1000 + (int)(i % 997));
+    EXPECT(bad == 0, "allgather n=%d count=%zu in_place=%d: %zu wrong", n, count, in_place, bad);
+    harnessReport(harnessDigest(out, count * (size_t)n * 4));
+    free(out);
+    free(in);
+  }
+
+  for (int b = 0; b < 3; b++) {
+    skew(&rng);
+    EXPECT_OK(comm, mcclBarrier(comm, NULL, NULL));
+  }
+  EXPECT_OK(comm, mcclCommDestroy(comm));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  int max_ranks = argc > 1 ? atoi(argv[1]) : 9;
+  for (int n = 1; n <= max_ranks; n++) {
+    int before = harness_failures;
+    harnessRunRanks(n, 300, rankMain, NULL);
+    printf("collectives on %d rank%s: %s\n", n, n == 1 ? "" : "s", harness_failures == before ? "ok" : "FAILED");
+    fflush(stdout);
+  }
+  return harnessExit("test_collectives");
+}

@@ -1,0 +1,90 @@
+// ProcessGroupMCCL.hpp: the thin c10d::Backend shim over include/mccl.h (layer "torch backend").
+//
+// A collective call turns each tensor into (pointer, count, dtype), checks everything that can be
+// checked before a byte moves (device, layout, dtype, op, sizes), and issues the C call with a
+// handoff whose consumer_release completes the Work and its Future on MCCL's engine thread with
+// the output tensor list, as DDP expects. The Work keeps every tensor it touches alive until then.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "mccl.h"
+
+namespace mccl {
+
+class WorkMCCL : public c10d::Work {
+ public:
+  WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs);
+  ~WorkMCCL() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override;
+
+ private:
+  friend class ProcessGroupMCCL;
+  static void onRelease(void* ctx, mcclResult_t result);
+
+  std::vector<at::Tensor> outputs_;       // what the Future completes with
+  std::vector<at::Tensor> keep_alive_;    // inputs and staging the engine reads or writes
+  std::function<void()> postprocess_;     // runs on the engine thread before completion
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
+  mcclRequest_t request_ = nullptr;
+  mcclHandoff_t handoff_{};
+  std::string error_;
+  uint64_t seq_ = 0;
+  std::string name_;
+};
+
+class ProcessGroupMCCL : public c10d::Backend {
+ public:
+  // store: the group's (prefixed) store; timeout: default for init and every collective;
+  // peer_hint: a host all ranks reach (MASTER_ADDR), used to pick the interface.
+  ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   std::chrono::milliseconds timeout, const std::string& peer_hint);
+  ~ProcessGroupMCCL() override;
+
+  const std::string getBackendName() const override { return "mccl"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkMCCL> work,
+                                        std::chrono::milliseconds timeout, Issue issue);
+  mcclComm_t comm() const;
+
+  mcclComm_t comm_ = nullptr;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace mccl

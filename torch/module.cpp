@@ -1,0 +1,21 @@
+// module.cpp: the Python module mccl._C: exposes ProcessGroupMCCL to torch.distributed.
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "ProcessGroupMCCL.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "MCCL's torch.distributed backend (C++ shim over the C library)";
+  // c10d's Python types must exist before a subclass of Backend is declared.
+  py::module::import("torch.distributed");
+  py::class_<mccl::ProcessGroupMCCL, c10d::Backend, c10::intrusive_ptr<mccl::ProcessGroupMCCL>>(
+      m, "ProcessGroupMCCL")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
+                    const std::string&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("peer_hint") = "", py::call_guard<py::gil_scoped_release>(),
+           "Create a communicator over `store` (collective over all ranks).");
+  m.attr("version") = py::make_tuple(MCCL_VERSION_MAJOR, MCCL_VERSION_MINOR, MCCL_VERSION_PATCH);
+}
