@@ -413,7 +413,8 @@ static mcclResult_t connSend(mcclTransport* t, int peer) {
       return peerLost(t, peer, "sending", &x->frame, errno);
     }
     x->done += (size_t)n;
-    if (x->done == MCCL_FRAME_BYTES + x->bytes) {
+    c->send_midframe = x->done < MCCL_FRAME_BYTES + x->bytes;
+    if (!c->send_midframe) {
       x->complete = 1;
       c->sq_head = x->next;
       if (c->sq_head == NULL) c->sq_tail = NULL;
@@ -599,14 +600,21 @@ void mcclTransportWake(mcclTransport* t) {
   }
 }
 
+/* How long a failing rank keeps reading after it said why, so that closing its sockets with
+ * unread bytes (which makes the kernel send a reset) cannot destroy the ABORT frame before the
+ * peer has read it. */
+#define MCCL_FAIL_LINGER_MS 250
+
+/* Never dereferences posted transfers: after an error their owners may have returned. */
 void mcclTransportFail(mcclTransport* t, const char* reason) {
   size_t len = strlen(reason);
   if (len > MCCL_MAX_ABORT_REASON) len = MCCL_MAX_ABORT_REASON;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0) continue;
-    /* Only where no frame is half-written: otherwise the ABORT header would land mid-payload. */
-    if (!c->dead && (c->sq_head == NULL || c->sq_head->done == 0)) {
+    /* Only where no frame is half-written: otherwise the ABORT header would land mid-payload.
+     * (The posted transfers themselves may be gone: the failed algorithm has returned.) */
+    if (!c->dead && !c->send_midframe) {
       mcclFrame f;
       memset(&f, 0, sizeof(f));
       f.type = MCCL_FRAME_ABORT;
@@ -621,11 +629,31 @@ void mcclTransportFail(mcclTransport* t, const char* reason) {
       ssize_t ignored = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)ignored;
     }
-    shutdown(c->fd, SHUT_RDWR);
+    shutdown(c->fd, SHUT_WR); /* FIN after the ABORT frame: peers blocked on us fail now */
     c->dead = 1;
     if (c->dead_reason[0] == '\0') snprintf(c->dead_reason, sizeof(c->dead_reason), "this rank failed");
   }
   mcclTransportCancel(t);
+  /* Linger: discard what peers still send until each has closed too, or the linger time is up. */
+  int64_t until = mcclNowNs() + MCCL_FAIL_LINGER_MS * 1000000LL;
+  for (;;) {
+    int np = 0;
+    for (int r = 0; r < t->nranks; r++) {
+      if (t->conns[r].fd < 0 || t->conns[r].dead == 2) continue;
+      t->pfds[np].fd = t->conns[r].fd;
+      t->pfds[np].events = POLLIN;
+      t->pfd_peer[np++] = r;
+    }
+    int64_t left_ms = (until - mcclNowNs()) / 1000000LL;
+    if (np == 0 || left_ms <= 0) break;
+    if (poll(t->pfds, (nfds_t)np, (int)left_ms) <= 0) break;
+    for (int k = 0; k < np; k++) {
+      if (t->pfds[k].revents == 0) continue;
+      char sink[65536];
+      ssize_t n = recv(t->pfds[k].fd, sink, sizeof(sink), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) t->conns[t->pfd_peer[k]].dead = 2;
+    }
+  }
 }
 
 void mcclTransportClose(mcclTransport* t) {

@@ -39,8 +39,10 @@ typedef struct mcclConn {
   int fd;                         /* -1 for self and for peers not connected */
   char addr[MCCL_ADDR_STRLEN];    /* the peer's published address */
   mcclXfer *sq_head, *sq_tail;    /* sends, in order */
+  int send_midframe;              /* the head send is partly written: nothing may cut in */
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
-  int dead;                       /* the peer closed or reset; later use is an error */
+  int dead;                       /* 1: the peer or this rank failed, later use is an error;
+                                     2: also the peer's end is closed (seen while lingering) */
   char dead_reason[160];
 } mcclConn;
 
@@ -84,8 +86,10 @@ void mcclTransportCancel(mcclTransport* t);
 /* Interrupt a blocked mcclTransportProgress from any thread. */
 void mcclTransportWake(mcclTransport* t);
 
-/* Best effort: send an ABORT frame with `reason` to each peer whose send queue is idle, then
- * shut every connection down so that peers blocked on this rank fail at once. */
+/* After any error: best effort, send an ABORT frame with `reason` to each peer that is not in the
+ * middle of a frame, shut the sending side of every connection so that peers blocked on this
+ * rank fail at once, forget every posted transfer (without touching them: their owners may have
+ * returned), and linger briefly reading what peers still send so that the ABORT frames arrive. */
 void mcclTransportFail(mcclTransport* t, const char* reason);
 
 /* Close every socket and free the transport's memory. */

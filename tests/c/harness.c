@@ -85,7 +85,10 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg) {
     if (pipe(pipes[r]) != 0) return 1;
     pids[r] = fork();
     if (pids[r] == 0) {
-      /* Child: the parent's server is not ours to use; only its port is. */
+      /* Child: the parent's server is not ours to use; only its port is. Failures counted so far
+       * belong to the parent's earlier runs. */
+      harness_failures = 0;
+      harness_checks = 0;
       for (int q = 0; q <= r; q++) close(pipes[q][0]);
       report_fd = pipes[r][1];
       mcclStore_t store;

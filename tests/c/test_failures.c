@@ -1,0 +1,170 @@
+/*
+ * test_failures.c: what happens when things go wrong. Every rank must get a clear error in time
+ * (never a hang, never wrong data): a peer that exits, ranks that issue different collectives, a
+ * stalled peer, bad arguments, and abort.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Rank n-1 exits right after a barrier; the others must fail within 5 s naming a peer. */
+static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  EXPECT_OK(comm, mcclBarrier(comm, NULL, NULL));
+  if (r == n - 1) _exit(0);
+  size_t count = 1 << 20;
+  float* buf = calloc(count, sizeof(float));
+  double start = seconds();
+  mcclResult_t res = mcclSuccess;
+  for (int i = 0; i < 100 && res == mcclSuccess; i++)
+    res = mcclAllReduce(buf, buf, count, mcclFloat32, mcclSum, comm, NULL, NULL);
+  double took = seconds() - start;
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res == mcclRemoteError, "rank %d: expected a remote error, got %s", r, mcclGetErrorString(res));
+  EXPECT(took < 5.0, "rank %d noticed after %.1f s", r, took);
+  EXPECT(strstr(msg, "rank") != NULL && strstr(msg, "allreduce") != NULL, "rank %d: message '%s'", r, msg);
+  /* Every later request fails at once with the same cause. */
+  EXPECT(mcclAllReduce(buf, buf, 4, mcclFloat32, mcclSum, comm, NULL, NULL) != mcclSuccess,
+         "rank %d: a request after the failure succeeded", r);
+  mcclCommDestroy(comm);
+  free(buf);
+  return 0;
+}
+
+/* Rank 0 reduces 100 elements, rank 1 200: both must report a mismatch, outputs untouched on the
+ * rank that detects it. */
+static int mismatch(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  size_t count = r == 0 ? 100 : 200;
+  int32_t buf[200];
+  for (int i = 0; i < 200; i++) buf[i] = 7;
+  mcclResult_t res = mcclAllReduce(buf, buf, count, mcclInt32, mcclSum, comm, NULL, NULL);
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res == mcclMismatch || res == mcclRemoteError, "rank %d: got %s", r, mcclGetErrorString(res));
+  EXPECT(strstr(msg, "mismatch") != NULL, "rank %d: message '%s' does not say mismatch", r, msg);
+  mcclCommDestroy(comm);
+  return 0;
+}
+
+/* Rank 1 stalls for 2 s; rank 0's 300 ms deadline must name rank 1. Rank 1's late all-reduce may
+ * still complete (rank 0's frame was already in its socket, so its data is whole), but the next
+ * one must fail: rank 0 gave up on the communicator. */
+static int stalled(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  float buf[16] = {0};
+  if (r == 1) usleep(2000000);
+  mcclOpOptions_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.timeout_ms = 300;
+  double start = seconds();
+  mcclResult_t res = mcclAllReduce(buf, buf, 16, mcclFloat32, mcclSum, comm, &opts, NULL);
+  double took = seconds() - start;
+  const char* msg = mcclGetLastError(comm);
+  if (r == 0) {
+    EXPECT(res == mcclTimeout, "rank 0: got %s", mcclGetErrorString(res));
+    EXPECT(took > 0.25 && took < 1.5, "rank 0 timed out after %.2f s", took);
+    EXPECT(strstr(msg, "rank 1") != NULL && strstr(msg, "timed out") != NULL, "rank 0: '%s'", msg);
+  } else {
+    if (res == mcclSuccess) res = mcclAllReduce(buf, buf, 16, mcclFloat32, mcclSum, comm, &opts, NULL);
+    EXPECT(res != mcclSuccess, "rank 1: succeeded after its peer gave up");
+    EXPECT(strstr(mcclGetLastError(comm), "rank 0") != NULL, "rank 1: '%s'", mcclGetLastError(comm));
+  }
+  mcclCommDestroy(comm);
+  return 0;
+}
+
+/* Invalid calls fail before sending anything; a valid call afterwards gives the exact result. */
+static int badArguments(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  float f[4] = {1, 1, 1, 1};
+  uint8_t b[4] = {1, 0, 1, 0};
+  EXPECT(mcclAllReduce(b, b, 4, mcclBool, mcclAvg, comm, NULL, NULL) == mcclUnsupported, "bool avg");
+  EXPECT(strstr(mcclGetLastError(comm), "avg") != NULL, "message: %s", mcclGetLastError(comm));
+  EXPECT(mcclAllReduce(f, f, 4, mcclFloat32, mcclBxor, comm, NULL, NULL) == mcclUnsupported, "float bxor");
+  EXPECT(mcclAllReduce(f, f, 4, (mcclDataType_t)42, mcclSum, comm, NULL, NULL) == mcclInvalidArgument, "dtype");
+  EXPECT(mcclAllReduce(NULL, f, 4, mcclFloat32, mcclSum, comm, NULL, NULL) == mcclInvalidArgument, "NULL");
+  EXPECT(mcclBroadcast(f, 4, mcclFloat32, n, comm, NULL, NULL) == mcclInvalidArgument, "root");
+  EXPECT(strstr(mcclGetLastError(comm), "root") != NULL, "message: %s", mcclGetLastError(comm));
+  mcclRequest_t req = NULL;
+  EXPECT_OK(comm, mcclAllReduce(f, f, 4, mcclFloat32, mcclSum, comm, NULL, &req));
+  EXPECT(mcclRequestSeq(req) == 0, "invalid calls consumed sequence numbers: seq %llu",
+         (unsigned long long)mcclRequestSeq(req));
+  EXPECT(mcclWait(req, 10000) == mcclSuccess, "wait: %s", mcclRequestError(req));
+  mcclRequestFree(req);
+  for (int i = 0; i < 4; i++) EXPECT(f[i] == (float)n, "f[%d] = %g", i, f[i]);
+  EXPECT_OK(comm, mcclCommDestroy(comm));
+  return 0;
+}
+
+/* Rank 0 waits on an all-reduce rank 1 never issues, and aborts: the request fails at once. */
+typedef struct {
+  mcclComm_t comm;
+} abortArg;
+
+static void* abortLater(void* p) {
+  usleep(200000);
+  mcclCommAbort(((abortArg*)p)->comm);
+  return NULL;
+}
+
+static int aborts(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  (void)n;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  if (r == 1) {
+    usleep(1500000);
+    mcclCommDestroy(comm);
+    return 0;
+  }
+  float f[4] = {0};
+  mcclRequest_t req = NULL;
+  EXPECT_OK(comm, mcclAllReduce(f, f, 4, mcclFloat32, mcclSum, comm, NULL, &req));
+  abortArg a = {comm};
+  pthread_t t;
+  pthread_create(&t, NULL, abortLater, &a);
+  double start = seconds();
+  mcclResult_t res = mcclWait(req, 5000);
+  double took = seconds() - start;
+  EXPECT(res == mcclAborted, "rank 0: got %s", mcclGetErrorString(res));
+  EXPECT(took < 1.5, "abort took %.2f s to unblock the waiter", took);
+  pthread_join(t, NULL);
+  mcclRequestFree(req);
+  return 0;
+}
+
+int main(void) {
+  harnessRunRanks(3, 60, peerExits, NULL);
+  printf("peer exits: %s\n", harness_failures ? "FAILED" : "ok");
+  int before = harness_failures;
+  harnessRunRanks(2, 60, mismatch, NULL);
+  printf("mismatch: %s\n", harness_failures == before ? "ok" : "FAILED");
+  before = harness_failures;
+  harnessRunRanks(2, 60, stalled, NULL);
+  printf("stalled peer: %s\n", harness_failures == before ? "ok" : "FAILED");
+  before = harness_failures;
+  harnessRunRanks(3, 60, badArguments, NULL);
+  printf("bad arguments: %s\n", harness_failures == before ? "ok" : "FAILED");
+  before = harness_failures;
+  harnessRunRanks(2, 60, aborts, NULL);
+  printf("abort: %s\n", harness_failures == before ? "ok" : "FAILED");
+  return harnessExit("test_failures");
+}
