@@ -71,9 +71,8 @@ mcclDataType_t toMcclType(const at::Tensor& t, const char* op) {
     case at::kLong: return mcclInt64;
     case at::kBool: return mcclBool;
     default:
-      C10_THROW_ERROR(TypeError, c10::str("mccl ", op, ": unsupported dtype ", t.scalar_type(),
-                                          "; supported: float32, float64, float16, bfloat16, int8, "
-                                          "uint8, int32, int64, bool"));
+      TORCH_CHECK(false, "mccl ", op, ": unsupported dtype ", t.scalar_type(),
+                  "; supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool");
   }
 }
 
@@ -113,11 +112,13 @@ int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::millisecond
   return op_timeout == c10d::kUnsetTimeout ? pg_timeout.count() : op_timeout.count();
 }
 
+// Argument errors become RuntimeError; failures of the communication itself (a lost or failed
+// peer, a timeout, a mismatch) become torch's DistBackendError, a RuntimeError subclass.
 [[noreturn]] void throwMccl(mcclResult_t res, const std::string& where, const char* detail) {
   std::ostringstream msg;
   msg << "mccl " << where << " failed: " << mcclGetErrorString(res) << ": " << detail;
   if (res == mcclInvalidArgument || res == mcclUnsupported || res == mcclInvalidUsage)
-    C10_THROW_ERROR(ValueError, msg.str());
+    TORCH_CHECK(false, msg.str());
   C10_THROW_ERROR(DistBackendError, msg.str());
 }
 

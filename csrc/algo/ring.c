@@ -62,7 +62,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
   char* out = op->recvbuf;
 
   mcclXfer sx[64], rx[64];
-  size_t sunit[64], runit[64];
+  size_t runit[64]; /* the unit each posted receive slot holds */
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
 
@@ -103,7 +103,6 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       x->buf = (char*)(p->send_from_input[t] ? in : out) + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostSend(ctx->tp, p->send_peer, x);
-      sunit[slot] = su;
       s_posted++;
       su++;
     }
@@ -125,7 +124,6 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       r_done++;
     }
   }
-  (void)sunit;
   return mcclSuccess;
 }
 

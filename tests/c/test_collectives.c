@@ -145,8 +145,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   for (size_t a = 0; a < 2; a++)
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
       checkAllReduce(comm, r, n, mcclInt32, mcclSum, counts[c], algos[a], (int)c % 2, &rng);
-  /* 64 Mi elements through the ring (int8: 64 MiB per rank). */
-  checkAllReduce(comm, r, n, mcclInt8, mcclSum, (size_t)64 << 20, mcclAlgoRing, 1, &rng);
+  /* 64 Mi elements (int8: 64 MiB per rank) through both algorithms. */
+  for (size_t a = 0; a < 2; a++)
+    checkAllReduce(comm, r, n, mcclInt8, mcclSum, (size_t)64 << 20, algos[a], (int)a, &rng);
 
   /* Broadcast from the first and last rank, through the tree and the chain. */
   const size_t bcounts[] = {0, 1, 7919, (1u << 20) + 3};

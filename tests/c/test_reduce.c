@@ -26,9 +26,8 @@
  * kernels, zero returns to the CPU's best build. */
 void mcclReduceForcePortable(int on);
 
-static const char* const kTypeNames[mcclNumTypes] = {"int8",    "uint8",   "int32",
-                                                     "int64",   "float16", "float32",
-                                                     "float64", "bfloat16", "bool"};
+static const char* const kTypeNames[mcclNumTypes] = {
+    "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16", "bool"};
 static const char* const kOpNames[mcclNumOps] = {"sum", "prod", "max", "min",
                                                  "avg", "band", "bor", "bxor"};
 
@@ -688,7 +687,9 @@ static void testNanAndZero(const char* build) {
   for (size_t ti = 0; ti < 4; ti++) {
     mcclDataType_t t = types[ti];
     size_t es = typeSize(t);
-    unsigned char a[n * 8], b[n * 8], d[n * 8];
+    unsigned char* a = buf_a;
+    unsigned char* b = buf_b;
+    unsigned char* d = buf_d;
     for (int which = 0; which < 3; which++) {
       for (int i = 0; i < n; i++) {
         double x = (i % 3 == 0) ? -INFINITY : (double)(i - 8);
@@ -791,17 +792,23 @@ static void testDivide(const char* build) {
  */
 static void testBuildsAgree(void) {
   enum { n = 4099 };
-  static uint64_t a[n], b[n], d1[n], d2[n], want[n];
+  /* Heap buffers have no declared type, so the kernels may store any element type into them. */
+  unsigned char* a = malloc(n * 8);
+  unsigned char* b = malloc(n * 8);
+  unsigned char* d1 = malloc(n * 8);
+  unsigned char* d2 = malloc(n * 8);
+  unsigned char* want = malloc(n * 8);
+  EXPECT(a && b && d1 && d2 && want, "out of memory");
   static const mcclDataType_t types[] = {mcclFloat16, mcclBfloat16, mcclFloat32, mcclFloat64};
-  for (size_t ti = 0; ti < 4; ti++) {
+  for (size_t ti = 0; ti < 4 && a && b && d1 && d2 && want; ti++) {
     mcclDataType_t t = types[ti];
     size_t es = typeSize(t);
     for (int op = 0; op <= mcclAvg; op++) {
       for (uint32_t divisor = 1; divisor <= 3; divisor += 2) {
         if (op != mcclAvg && divisor != 1) continue;
         for (size_t i = 0; i < n; i++) {
-          a[i] = rnd();
-          b[i] = rnd();
+          storeRaw(a + 8 * i, mcclInt64, rnd());
+          storeRaw(b + 8 * i, mcclInt64, rnd());
         }
         mcclReduceForcePortable(0);
         mcclReduce(d1, a, b, n, t, (mcclRedOp_t)op, divisor);
@@ -810,29 +817,44 @@ static void testBuildsAgree(void) {
         mcclReduceForcePortable(0);
         size_t differ = n;
         for (size_t i = 0; i < n && differ == n; i++) {
-          if (!elemEqual((unsigned char*)d1 + i * es, (unsigned char*)d2 + i * es, t)) differ = i;
+          if (!elemEqual(d1 + i * es, d2 + i * es, t)) differ = i;
         }
         EXPECT(differ == n, "native and portable %s %s differ at element %zu", kTypeNames[t],
                kOpNames[op], differ);
-        unsigned char* pa = (unsigned char*)a;
-        unsigned char* pb = (unsigned char*)b;
-        unsigned char* pd = (unsigned char*)d1;
-        unsigned char* pw = (unsigned char*)want;
+        /* A half-type result is always rounded from fp32, which makes every NaN quiet, even when
+         * MAX or MIN selects a signaling NaN operand. */
+        if (t == mcclFloat16 || t == mcclBfloat16) {
+          uint16_t quiet_bit = t == mcclFloat16 ? 0x0200u : 0x0040u;
+          int loud = 0;
+          for (size_t i = 0; i < n; i++) {
+            uint16_t r1 = (uint16_t)loadRaw(d1 + i * es, t);
+            uint16_t r2 = (uint16_t)loadRaw(d2 + i * es, t);
+            int nan1 = t == mcclFloat16 ? halfIsNan(r1) : bf16IsNan(r1);
+            int nan2 = t == mcclFloat16 ? halfIsNan(r2) : bf16IsNan(r2);
+            loud += (nan1 && !(r1 & quiet_bit)) + (nan2 && !(r2 & quiet_bit));
+          }
+          EXPECT(loud == 0, "%s %s left %d signaling NaNs", kTypeNames[t], kOpNames[op], loud);
+        }
         size_t bad = n;
         for (size_t i = 0; i < n && bad == n; i++) {
-          refCombine(pw + i * es, pa + i * es, pb + i * es, t, (mcclRedOp_t)op, divisor);
-          if (!elemEqual(pd + i * es, pw + i * es, t)) bad = i;
+          refCombine(want + i * es, a + i * es, b + i * es, t, (mcclRedOp_t)op, divisor);
+          if (!elemEqual(d1 + i * es, want + i * es, t)) bad = i;
         }
         char got_s[64] = "", want_s[64] = "";
         if (bad < n) {
-          elemString(got_s, sizeof got_s, pd + bad * es, t);
-          elemString(want_s, sizeof want_s, pw + bad * es, t);
+          elemString(got_s, sizeof got_s, d1 + bad * es, t);
+          elemString(want_s, sizeof want_s, want + bad * es, t);
         }
         EXPECT(bad == n, "random bits %s %s /%u: element %zu = %s, want %s", kTypeNames[t],
                kOpNames[op], divisor, bad, got_s, want_s);
       }
     }
   }
+  free(a);
+  free(b);
+  free(d1);
+  free(d2);
+  free(want);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -848,7 +870,7 @@ static double nowSeconds(void) {
 /* Best of a few runs, in GB/s (1e9 B/s) of output bytes. kind < 0 times memcpy. */
 static double timeKernel(void* d, const void* a, const void* b, size_t bytes, int kind) {
   double best = 1e30;
-  for (int rep = 0; rep < 4; rep++) {
+  for (int rep = 0; rep < 8; rep++) {
     double t0 = nowSeconds();
     if (kind < 0) {
       memcpy(d, a, bytes);

@@ -12,7 +12,7 @@ from distributed import check_ok, run_ranks
 def _refuses(fn, *match):
     try:
         fn()
-    except (RuntimeError, ValueError, TypeError) as exc:
+    except RuntimeError as exc:
         text = str(exc)
         assert all(m in text for m in match), f"error text {text!r} lacks {match}"
         return text
@@ -54,7 +54,7 @@ def _peer_exits(rank: int, world_size: int) -> dict:
     try:
         for _ in range(50):
             dist.all_reduce(t)
-    except RuntimeError as exc:
+    except dist.DistBackendError as exc:
         return {"error": str(exc), "seconds": time.monotonic() - start}
     return {"error": None}
 
@@ -65,7 +65,7 @@ def test_lost_peer_is_named_on_every_rank_within_timeout():
     values = check_ok(survivors)
     for r, v in zip(survivors, values):
         assert v["error"] is not None, f"rank {r.rank} never noticed that rank 2 left"
-        assert "rank 2" in v["error"] or "failed" in v["error"], v["error"]
+        assert "rank 2" in v["error"], v["error"]
         assert v["seconds"] < 20, f"rank {r.rank} took {v['seconds']:.1f} s"
 
 
