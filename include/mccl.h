@@ -73,7 +73,10 @@ typedef enum {
  * MAX/MIN of floats propagate NaN (as torch.maximum/torch.minimum do).
  * AVG: the sum divided by the number of ranks, once, at the end: true division for floating
  * types, division truncating toward zero for integers; not defined for bool.
- * BAND, BOR, BXOR: bitwise, integer and bool types only. */
+ * BAND, BOR, BXOR: bitwise, integer and bool types only.
+ * PREMUL_SUM: every rank multiplies its own input by mcclOpOptions_t.premul_factor (once, in
+ * fp32 for the half types, in the type otherwise), then the products are summed; floating types
+ * only (what FSDP uses to average gradients without a final division). */
 typedef enum {
   mcclSum = 0,
   mcclProd = 1,
@@ -83,7 +86,8 @@ typedef enum {
   mcclBand = 5,
   mcclBor = 6,
   mcclBxor = 7,
-  mcclNumOps = 8
+  mcclPremulSum = 8,
+  mcclNumOps = 9
 } mcclRedOp_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -209,6 +213,7 @@ typedef struct mcclOpOptions {
                                     engine starts the request. */
   const mcclHandoff_t* handoff;  /* NULL: plain CPU memory, no callbacks. Copied at issue. */
   mcclAlgorithm_t algorithm;     /* mcclAlgoAuto unless a test or benchmark forces one. */
+  double premul_factor;          /* the factor of mcclPremulSum; ignored by other ops */
 } mcclOpOptions_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -260,6 +265,49 @@ MCCL_API mcclResult_t mcclBroadcast(void* buffer, size_t count, mcclDataType_t d
  * In place allowed when sendbuf == recvbuf + rank * sendcount. Pipelined ring. */
 MCCL_API mcclResult_t mcclAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                     mcclDataType_t datatype, mcclComm_t comm,
+                                    const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* recvbuf[i] on `root` = op over ranks of sendbuf[i], i < count. recvbuf is only written on root
+ * (it may be NULL elsewhere); sendbuf is never written. In place allowed on root. Binomial tree
+ * below MCCL_RING_THRESHOLD bytes; above it a ring reduce-scatter, then every block to root. */
+MCCL_API mcclResult_t mcclReduce(const void* sendbuf, void* recvbuf, size_t count,
+                                 mcclDataType_t datatype, mcclRedOp_t op, int root, mcclComm_t comm,
+                                 const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* recvbuf[i] = op over ranks of sendbuf[rank * recvcount + i], i < recvcount: sendbuf holds
+ * nranks * recvcount elements and is never written. In place allowed when
+ * recvbuf == sendbuf + rank * recvcount. Pipelined ring (reduce-scatter half of the all-reduce
+ * ring, with an engine-owned scratch of the input's size) above the threshold, recursive doubling
+ * on a scratch copy below it. */
+MCCL_API mcclResult_t mcclReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                        mcclDataType_t datatype, mcclRedOp_t op, mcclComm_t comm,
+                                        const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* On root, recvbuf[r * sendcount + i] = sendbuf of rank r [i]; recvbuf holds nranks * sendcount
+ * elements and is only used on root. Every rank sends straight to root (root receives all at once). */
+MCCL_API mcclResult_t mcclGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                 mcclDataType_t datatype, int root, mcclComm_t comm,
+                                 const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* recvbuf[i] = root's sendbuf[rank * recvcount + i]; sendbuf (nranks * recvcount elements) is
+ * only read on root. Root sends every block at once. */
+MCCL_API mcclResult_t mcclScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                  mcclDataType_t datatype, int root, mcclComm_t comm,
+                                  const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* recvbuf[p * count + i] = sendbuf of rank p [rank * count + i]: block j of every rank's sendbuf
+ * goes to rank j. Both buffers hold nranks * count elements; not in place. Pairwise exchange. */
+MCCL_API mcclResult_t mcclAllToAll(const void* sendbuf, void* recvbuf, size_t count,
+                                   mcclDataType_t datatype, mcclComm_t comm,
+                                   const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* Uneven all-to-all: sendcounts[j] elements starting at sendbuf + sdispls[j] go to rank j, and
+ * recvcounts[p] elements from rank p land at recvbuf + rdispls[p] (arrays of nranks entries, in
+ * elements, copied at issue). Rank p's sendcounts[rank] must equal this rank's recvcounts[p]
+ * (checked: mcclMismatch). Regions must not overlap between buffers. */
+MCCL_API mcclResult_t mcclAllToAllv(const void* sendbuf, const size_t* sendcounts,
+                                    const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                    const size_t* rdispls, mcclDataType_t datatype, mcclComm_t comm,
                                     const mcclOpOptions_t* options, mcclRequest_t* request);
 
 /* Returns on every rank only after every rank has entered it (dissemination over recursive

@@ -30,6 +30,7 @@ typedef struct mcclOp {
   mcclRedOp_t op;
   int root;
   mcclAlgorithm_t algorithm; /* mcclAlgoAuto: chosen by size */
+  const size_t* v;         /* all-to-allv: sendcounts, sdispls, recvcounts, rdispls (4 x nranks) */
   int64_t deadline_ns;     /* mcclNowNs() clock */
 } mcclOp;
 
@@ -40,13 +41,19 @@ typedef struct mcclAlgoCtx {
   atomic_int* abort_flag;
   char* scratch;           /* staging for received operands; grown by mcclAlgoScratch */
   size_t scratch_bytes;
+  char* work;              /* a collective's intermediate results (partial sums, rotated
+                              blocks); grown by mcclAlgoWork, independent of `scratch` */
+  size_t work_bytes;
   size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
   int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
   size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees */
 } mcclAlgoCtx;
 
-/* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). */
+/* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may
+ * move the buffer: pointers from an earlier call are invalid after it. mcclAlgoWork is the same
+ * for the second buffer, so an algorithm can hold a work area while a callee grows scratch. */
 char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes);
+char* mcclAlgoWork(mcclAlgoCtx* ctx, size_t bytes);
 
 /* One side of a point-to-point exchange: `bytes` from/to `buf`, split into frames of at most
  * segment_bytes (one empty frame when bytes == 0), tagged with `step`. */
@@ -58,6 +65,8 @@ typedef struct {
   size_t offset;           /* byte offset of buf in the collective's buffer, for the header */
   uint32_t step;
 } mcclPeerIo;
+/* Frames carry op->count, except all-to-all frames, which carry the pair's own element count
+ * (ranks send different amounts to different peers). */
 
 /* Post every io at once (sends and receives run concurrently) and progress until all finished. */
 mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
@@ -70,11 +79,19 @@ mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclAlgoBarrier(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoGather(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoScatter(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op);
 
 /* Individual algorithms, exposed so tests and benchmarks can force one. */
 mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclRingReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op, char* work);
+mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work);
+mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op);
 
 /* A pipelined ring or chain schedule, run by mcclRingRun (ring.c).
  *
@@ -92,9 +109,13 @@ typedef struct {
   const int* send_chunk;
   const int* recv_chunk;
   const uint8_t* recv_mode;
-  const uint8_t* send_from_input; /* 1: read the send from op->sendbuf, 0: from op->recvbuf */
+  const uint8_t* send_from_input; /* 1: read the send from op->sendbuf, 0: from the output */
   const size_t* chunk_off;
   const size_t* chunk_len;
+  char* out;               /* where receives land and later sends read: op->recvbuf or scratch */
+  char* final_out;         /* RECV_REDUCE_FINAL writes chunk c here at (chunk_off[c] - final_base)
+                              elements, instead of into `out`; NULL: into `out` */
+  size_t final_base;
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

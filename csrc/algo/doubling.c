@@ -48,7 +48,7 @@ mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     }
     mcclPeerIo in = {r - 1, 0, tmp, bytes, 0, 0};
     MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
-    mcclReduce(buf, tmp, buf, op->count, op->dtype, op->op, 1);
+    mcclReduceKernel(buf, tmp, buf, op->count, op->dtype, op->op, 1);
     vr = r / 2;
   } else {
     vr = r - rem;
@@ -59,8 +59,8 @@ mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
                         {peer, 0, tmp, bytes, 0, (uint32_t)k + 1}};
     MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
     const uint32_t div = k == rounds - 1 ? (uint32_t)n : 1;
-    if (pv < vr) mcclReduce(buf, tmp, buf, op->count, op->dtype, op->op, div);
-    else mcclReduce(buf, buf, tmp, op->count, op->dtype, op->op, div);
+    if (pv < vr) mcclReduceKernel(buf, tmp, buf, op->count, op->dtype, op->op, div);
+    else mcclReduceKernel(buf, buf, tmp, op->count, op->dtype, op->op, div);
   }
   if (r < 2 * rem) { /* odd rank of a folded pair: return the result */
     mcclPeerIo back = {r - 1, 1, buf, bytes, 0, last_step};
@@ -116,5 +116,28 @@ mcclResult_t mcclAlgoBarrier(mcclAlgoCtx* ctx, const mcclOp* op) {
                         {(r - dist + n) % n, 0, NULL, 0, 0, (uint32_t)k}};
     MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
   }
+  return mcclSuccess;
+}
+
+/* Bruck's all-gather (Bruck et al., 1997) for small blocks: ceil(log2 n) rounds for any n. Blocks
+ * are kept rotated in `work`, where position j holds rank (r + j) mod n's block. In round k rank r
+ * sends its first min(2^k, n - 2^k) blocks to r - 2^k and receives as many from r + 2^k into
+ * position 2^k; at the end the blocks are rotated into place. */
+mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t blk = op->count * mcclDataTypeSize(op->dtype);
+  char* work = mcclAlgoWork(ctx, blk * (size_t)n);
+  if (work == NULL) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes", blk * (size_t)n);
+    return mcclSystemError;
+  }
+  memcpy(work, (const char*)op->recvbuf + (size_t)r * blk, blk);
+  for (int dist = 1, k = 0; dist < n; dist <<= 1, k++) {
+    size_t cnt = (size_t)(dist < n - dist ? dist : n - dist);
+    mcclPeerIo io[2] = {{(r - dist + n) % n, 1, work, cnt * blk, 0, (uint32_t)k},
+                        {(r + dist) % n, 0, work + (size_t)dist * blk, cnt * blk, 0, (uint32_t)k}};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
+  }
+  for (int j = 0; j < n; j++) memcpy((char*)op->recvbuf + (size_t)((r + j) % n) * blk, work + (size_t)j * blk, blk);
   return mcclSuccess;
 }

@@ -59,7 +59,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
     return mcclSystemError;
   }
   const char* in = op->sendbuf;
-  char* out = op->recvbuf;
+  char* out = p->out;
 
   mcclXfer sx[64], rx[64];
   size_t runit[64]; /* the unit each posted receive slot holds */
@@ -118,8 +118,10 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
         /* recvbuf chunk = (this rank's input) op (what arrived); each chunk is reduced once per
          * rank, so the input is still the rank's own contribution. */
         mcclSeg s = segmentOf(p, p->recv_chunk[t], nseg, runit[slot] % nseg);
-        uint32_t div = p->recv_mode[t] == MCCL_RECV_REDUCE_FINAL ? (uint32_t)ctx->nranks : 1;
-        mcclReduce(out + s.off * esz, in + s.off * esz, rx[slot].buf, s.len, op->dtype, op->op, div);
+        int final = p->recv_mode[t] == MCCL_RECV_REDUCE_FINAL;
+        char* dst = final && p->final_out ? p->final_out + (s.off - p->final_base) * esz : out + s.off * esz;
+        mcclReduceKernel(dst, in + s.off * esz, rx[slot].buf, s.len, op->dtype, op->op,
+                         final ? (uint32_t)ctx->nranks : 1);
       }
       r_done++;
     }
@@ -166,11 +168,88 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   }
   splitEven(op->count, n, geo, geo + n);
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
   free(geo);
+  return res;
+}
+
+/* Reduce-scatter: the first half of the all-reduce ring, shifted by one so that rank r ends with
+ * chunk r: at step t (0..n-2) it sends chunk (r - t - 1) mod n and receives chunk (r - t - 2) mod n.
+ * Partial sums live in `work` (the input's size); the final step writes chunk r to `final_out`
+ * at element (chunk_off[r] - final_base). The input is never written. */
+static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, char* work,
+                                            const size_t* off, const size_t* len, char* final_out,
+                                            size_t final_base) {
+  const int n = ctx->nranks, r = ctx->rank, nsteps = n - 1;
+  int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
+  uint8_t* flags = malloc((size_t)nsteps * 2);
+  if (!chunks || !flags) {
+    free(chunks); free(flags);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
+    return mcclSystemError;
+  }
+  for (int t = 0; t < nsteps; t++) {
+    chunks[t] = mod(r - t - 1, n);
+    chunks[nsteps + t] = mod(r - t - 2, n);
+    flags[t] = t == nsteps - 1 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_REDUCE;
+    flags[nsteps + t] = t == 0;
+  }
+  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
+                       flags, flags + nsteps, off, len, work, final_out, final_base};
+  mcclResult_t res = mcclRingRun(ctx, op, &plan);
+  free(chunks);
+  free(flags);
+  return res;
+}
+
+mcclResult_t mcclRingReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op, char* work) {
+  const int n = ctx->nranks;
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  if (geo == NULL) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
+    return mcclSystemError;
+  }
+  for (int c = 0; c < n; c++) {
+    geo[c] = (size_t)c * op->count;
+    geo[n + c] = op->count;
+  }
+  mcclResult_t res = ringReduceScatterChunks(ctx, op, work, geo, geo + n, op->recvbuf, geo[ctx->rank]);
+  free(geo);
+  return res;
+}
+
+/* Reduce of a large buffer to root: the ring reduce-scatter over n near-equal chunks into `work`,
+ * then every rank sends its reduced chunk straight to root. Each rank sends ~(n-1)/n of the
+ * buffer in the first phase and 1/n in the second; root receives (n-1)/n in the second. */
+mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t esz = mcclDataTypeSize(op->dtype);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
+  if (geo == NULL || ios == NULL) {
+    free(geo); free(ios);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
+    return mcclSystemError;
+  }
+  splitEven(op->count, n, geo, geo + n);
+  mcclResult_t res = ringReduceScatterChunks(ctx, op, work, geo, geo + n, work, 0);
+  if (res == mcclSuccess) {
+    int nio = 0;
+    if (r == op->root) {
+      memcpy((char*)op->recvbuf + geo[r] * esz, work + geo[r] * esz, geo[n + r] * esz);
+      for (int p = 0; p < n; p++)
+        if (p != r && geo[n + p] > 0)
+          ios[nio++] = (mcclPeerIo){p, 0, (char*)op->recvbuf + geo[p] * esz, geo[n + p] * esz, geo[p] * esz, (uint32_t)n};
+    } else if (geo[n + r] > 0) {
+      ios[nio++] = (mcclPeerIo){op->root, 1, work + geo[r] * esz, geo[n + r] * esz, geo[r] * esz, (uint32_t)n};
+    }
+    res = nio ? mcclAlgoExchange(ctx, op, ios, nio) : mcclSuccess;
+  }
+  free(geo);
+  free(ios);
   return res;
 }
 
@@ -182,6 +261,9 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   char* own = (char*)op->recvbuf + (size_t)r * op->count * esz;
   if (op->sendbuf != own) memmove(own, op->sendbuf, op->count * esz);
   if (n == 1 || op->count == 0) return mcclSuccess;
+  const size_t total = op->count * esz * (size_t)n;
+  if (op->algorithm == mcclAlgoTree || (op->algorithm == mcclAlgoAuto && total < ctx->ring_threshold))
+    return mcclBruckAllGather(ctx, op);
   const int nsteps = n - 1;
   int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
   uint8_t* flags = calloc((size_t)nsteps * 2, 1);
@@ -202,7 +284,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   mcclOp whole = *op; /* frames carry byte offsets into the whole output */
   whole.sendbuf = op->recvbuf;
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
-                       flags, flags + nsteps, geo, geo + n};
+                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0};
   mcclResult_t res = mcclRingRun(ctx, &whole, &plan);
   free(chunks);
   free(flags);
@@ -221,6 +303,6 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mod(r + 1, n), mod(r - 1, n), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0};
   return mcclRingRun(ctx, op, &plan);
 }

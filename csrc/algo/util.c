@@ -6,16 +6,19 @@
 #include "algo/algo.h"
 #include "core/debug.h"
 
-char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes) {
-  if (bytes <= ctx->scratch_bytes) return ctx->scratch;
-  /* Grow geometrically so a run of growing messages reallocates only a few times. */
-  size_t want = ctx->scratch_bytes * 2 > bytes ? ctx->scratch_bytes * 2 : bytes;
-  char* p = realloc(ctx->scratch, want);
+/* Grow geometrically so a run of growing messages reallocates only a few times. */
+static char* grow(char** buf, size_t* have, size_t bytes) {
+  if (bytes <= *have) return *buf;
+  size_t want = *have * 2 > bytes ? *have * 2 : bytes;
+  char* p = realloc(*buf, want);
   if (p == NULL) return NULL;
-  ctx->scratch = p;
-  ctx->scratch_bytes = want;
+  *buf = p;
+  *have = want;
   return p;
 }
+
+char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->scratch, &ctx->scratch_bytes, bytes); }
+char* mcclAlgoWork(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->work, &ctx->work_bytes, bytes); }
 
 void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length) {
   memset(f, 0, sizeof(*f));
@@ -50,6 +53,7 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
       mcclXfer* x = &xs[k++];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, io->step, io->offset + off, len);
+      if (op->coll == MCCL_COLL_ALLTOALL) x->frame.count = io->bytes / mcclDataTypeSize(op->dtype);
       x->buf = io->buf + off;
       x->bytes = len;
       if (io->is_send) mcclTransportPostSend(ctx->tp, io->peer, x);

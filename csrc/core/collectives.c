@@ -40,15 +40,29 @@ static mcclResult_t checkCommon(struct mcclComm* comm, const char* fn, mcclDataT
   return mcclSuccess;
 }
 
+/* mcclOp with the fields every collective sets; the engine fills seq, algorithm and deadline. */
+#define OP(kind, send, recv, n, dt, red, rt) \
+  ((mcclOp){.coll = (kind), .sendbuf = (send), .recvbuf = (recv), .count = (n), .dtype = (dt), .op = (red), .root = (rt)})
+
+static mcclResult_t checkOp(struct mcclComm* comm, const char* fn, mcclDataType_t dtype, mcclRedOp_t op) {
+  mcclResult_t ok = mcclReduceCheck(dtype, op);
+  if (ok != mcclSuccess)
+    return argError(comm, ok, "%s: op %s is not defined for dtype %s", fn, mcclOpName(op), mcclDtypeName(dtype));
+  return mcclSuccess;
+}
+
+static mcclResult_t checkRoot(struct mcclComm* comm, const char* fn, int root) {
+  if (root < 0 || root >= comm->nranks)
+    return argError(comm, mcclInvalidArgument, "%s: root %d is outside 0..%d", fn, root, comm->nranks - 1);
+  return mcclSuccess;
+}
+
 MCCL_API mcclResult_t mcclAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                                     mcclDataType_t datatype, mcclRedOp_t op, mcclComm_t comm,
                                     const mcclOpOptions_t* options, mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclAllReduce", datatype, count, sendbuf, recvbuf));
-  mcclResult_t ok = mcclReduceCheck(datatype, op);
-  if (ok != mcclSuccess)
-    return argError(comm, ok, "mcclAllReduce: op %s is not defined for dtype %s", mcclOpName(op),
-                    mcclDtypeName(datatype));
-  mcclOp o = {MCCL_COLL_ALLREDUCE, 0, sendbuf, recvbuf, count, datatype, op, 0, mcclAlgoAuto, 0};
+  MCCLCHECK(checkOp(comm, "mcclAllReduce", datatype, op));
+  mcclOp o = OP(MCCL_COLL_ALLREDUCE, sendbuf, recvbuf, count, datatype, op, 0);
   return mcclEngineSubmit(comm, &o, options, request);
 }
 
@@ -56,10 +70,8 @@ MCCL_API mcclResult_t mcclBroadcast(void* buffer, size_t count, mcclDataType_t d
                                     mcclComm_t comm, const mcclOpOptions_t* options,
                                     mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclBroadcast", datatype, count, buffer, buffer));
-  if (root < 0 || root >= comm->nranks)
-    return argError(comm, mcclInvalidArgument, "mcclBroadcast: root %d is outside 0..%d", root,
-                    comm->nranks - 1);
-  mcclOp o = {MCCL_COLL_BROADCAST, 0, buffer, buffer, count, datatype, mcclSum, root, mcclAlgoAuto, 0};
+  MCCLCHECK(checkRoot(comm, "mcclBroadcast", root));
+  mcclOp o = OP(MCCL_COLL_BROADCAST, buffer, buffer, count, datatype, mcclSum, root);
   return mcclEngineSubmit(comm, &o, options, request);
 }
 
@@ -67,13 +79,82 @@ MCCL_API mcclResult_t mcclAllGather(const void* sendbuf, void* recvbuf, size_t s
                                     mcclDataType_t datatype, mcclComm_t comm,
                                     const mcclOpOptions_t* options, mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclAllGather", datatype, sendcount, sendbuf, recvbuf));
-  mcclOp o = {MCCL_COLL_ALLGATHER, 0, sendbuf, recvbuf, sendcount, datatype, mcclSum, 0, mcclAlgoAuto, 0};
+  mcclOp o = OP(MCCL_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, datatype, mcclSum, 0);
   return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclReduce(const void* sendbuf, void* recvbuf, size_t count,
+                                 mcclDataType_t datatype, mcclRedOp_t op, int root, mcclComm_t comm,
+                                 const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclReduce", datatype, count, sendbuf, sendbuf));
+  MCCLCHECK(checkOp(comm, "mcclReduce", datatype, op));
+  MCCLCHECK(checkRoot(comm, "mcclReduce", root));
+  if (comm->rank == root && count > 0 && recvbuf == NULL)
+    return argError(comm, mcclInvalidArgument, "mcclReduce: recvbuf is NULL on root");
+  mcclOp o = OP(MCCL_COLL_REDUCE, sendbuf, recvbuf, count, datatype, op, root);
+  return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                        mcclDataType_t datatype, mcclRedOp_t op, mcclComm_t comm,
+                                        const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclReduceScatter", datatype, recvcount, sendbuf, recvbuf));
+  MCCLCHECK(checkOp(comm, "mcclReduceScatter", datatype, op));
+  mcclOp o = OP(MCCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, datatype, op, 0);
+  return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                 mcclDataType_t datatype, int root, mcclComm_t comm,
+                                 const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclGather", datatype, sendcount, sendbuf, sendbuf));
+  MCCLCHECK(checkRoot(comm, "mcclGather", root));
+  if (comm->rank == root && sendcount > 0 && recvbuf == NULL)
+    return argError(comm, mcclInvalidArgument, "mcclGather: recvbuf is NULL on root");
+  mcclOp o = OP(MCCL_COLL_GATHER, sendbuf, recvbuf, sendcount, datatype, mcclSum, root);
+  return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                  mcclDataType_t datatype, int root, mcclComm_t comm,
+                                  const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclScatter", datatype, recvcount, recvbuf, recvbuf));
+  MCCLCHECK(checkRoot(comm, "mcclScatter", root));
+  if (comm->rank == root && recvcount > 0 && sendbuf == NULL)
+    return argError(comm, mcclInvalidArgument, "mcclScatter: sendbuf is NULL on root");
+  mcclOp o = OP(MCCL_COLL_SCATTER, sendbuf, recvbuf, recvcount, datatype, mcclSum, root);
+  return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclAllToAll(const void* sendbuf, void* recvbuf, size_t count,
+                                   mcclDataType_t datatype, mcclComm_t comm,
+                                   const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclAllToAll", datatype, count, sendbuf, recvbuf));
+  if (count > 0 && sendbuf == recvbuf)
+    return argError(comm, mcclInvalidArgument, "mcclAllToAll: sendbuf and recvbuf must differ");
+  mcclOp o = OP(MCCL_COLL_ALLTOALL, sendbuf, recvbuf, count, datatype, mcclSum, 0);
+  return mcclEngineSubmit(comm, &o, options, request);
+}
+
+MCCL_API mcclResult_t mcclAllToAllv(const void* sendbuf, const size_t* sendcounts,
+                                    const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                    const size_t* rdispls, mcclDataType_t datatype, mcclComm_t comm,
+                                    const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, "mcclAllToAllv", datatype, 0, NULL, NULL));
+  if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+    return argError(comm, mcclInvalidArgument, "mcclAllToAllv: count and displacement arrays must not be NULL");
+  size_t total = 0;
+  for (int j = 0; j < comm->nranks; j++) total += sendcounts[j] + recvcounts[j];
+  if (total > 0 && (sendbuf == NULL || recvbuf == NULL))
+    return argError(comm, mcclInvalidArgument, "mcclAllToAllv: a buffer is NULL for non-empty counts");
+  mcclOp o = OP(MCCL_COLL_ALLTOALL, sendbuf, recvbuf, 0, datatype, mcclSum, 0);
+  const size_t* arrays[4] = {sendcounts, sdispls, recvcounts, rdispls};
+  return mcclEngineSubmitV(comm, &o, arrays, options, request);
 }
 
 MCCL_API mcclResult_t mcclBarrier(mcclComm_t comm, const mcclOpOptions_t* options,
                                   mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclBarrier", mcclUint8, 0, NULL, NULL));
-  mcclOp o = {MCCL_COLL_BARRIER, 0, NULL, NULL, 0, mcclUint8, mcclSum, 0, mcclAlgoAuto, 0};
+  mcclOp o = OP(MCCL_COLL_BARRIER, NULL, NULL, 0, mcclUint8, mcclSum, 0);
   return mcclEngineSubmit(comm, &o, options, request);
 }

@@ -28,6 +28,8 @@ struct mcclRequest {
   mcclResult_t result;            /* valid once done */
   char error[1024];               /* valid once done */
   mcclOp op;                      /* seq, buffers, sizes */
+  size_t* v;                      /* all-to-allv arrays (4 x nranks), owned; op.v points here */
+  double premul_factor;           /* mcclPremulSum */
   int64_t timeout_ms;
   mcclHandoff_t handoff;
   struct mcclRequest* next;       /* queue link, under the communicator's qlock */
@@ -66,5 +68,8 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg);
 void* mcclEngineMain(void* arg);
 mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
                               const mcclOpOptions_t* options, mcclRequest_t* request);
+/* The same, for all-to-allv: copies the four nranks-long arrays into the request. */
+mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const size_t* const arrays[4],
+                               const mcclOpOptions_t* options, mcclRequest_t* request);
 
 #endif

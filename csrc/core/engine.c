@@ -30,6 +30,7 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg) 
 
 static void requestRelease(struct mcclRequest* req) {
   if (atomic_fetch_sub(&req->refs, 1) == 1) {
+    free(req->v);
     pthread_mutex_destroy(&req->mu);
     pthread_cond_destroy(&req->cv);
     free(req);
@@ -56,9 +57,37 @@ static mcclResult_t runAlgorithm(struct mcclComm* comm, const mcclOp* op) {
     case MCCL_COLL_BROADCAST: return mcclAlgoBroadcast(&comm->algo, op);
     case MCCL_COLL_ALLGATHER: return mcclAlgoAllGather(&comm->algo, op);
     case MCCL_COLL_BARRIER: return mcclAlgoBarrier(&comm->algo, op);
+    case MCCL_COLL_REDUCE: return mcclAlgoReduce(&comm->algo, op);
+    case MCCL_COLL_REDUCE_SCATTER: return mcclAlgoReduceScatter(&comm->algo, op);
+    case MCCL_COLL_GATHER: return mcclAlgoGather(&comm->algo, op);
+    case MCCL_COLL_SCATTER: return mcclAlgoScatter(&comm->algo, op);
+    case MCCL_COLL_ALLTOALL: return mcclAlgoAllToAll(&comm->algo, op);
   }
   snprintf(comm->tp.error, sizeof(comm->tp.error), "unknown collective kind %d", (int)op->coll);
   return mcclInternalError;
+}
+
+/* PREMUL_SUM: scale this rank's input once (after the producer finished writing it), then run the
+ * collective as SUM. All-reduce scales into its output; reduce and reduce-scatter, whose input
+ * must stay untouched, scale into a buffer of their own. */
+static mcclResult_t runPremul(struct mcclComm* comm, struct mcclRequest* req) {
+  mcclOp op = req->op;
+  if (op.op != mcclPremulSum) return runAlgorithm(comm, &op);
+  size_t n = op.count;
+  if (op.coll == MCCL_COLL_REDUCE_SCATTER) n *= (size_t)comm->nranks;
+  void* scaled = NULL;
+  if (op.coll == MCCL_COLL_ALLREDUCE) {
+    scaled = op.recvbuf;
+  } else if (n > 0 && (scaled = malloc(n * mcclDataTypeSize(op.dtype))) == NULL) {
+    snprintf(comm->tp.error, sizeof(comm->tp.error), "out of memory scaling a PREMUL_SUM input");
+    return mcclSystemError;
+  }
+  mcclReduceScale(scaled, op.sendbuf, n, op.dtype, req->premul_factor);
+  op.sendbuf = scaled;
+  op.op = mcclSum;
+  mcclResult_t res = runAlgorithm(comm, &op);
+  if (scaled != op.recvbuf) free(scaled);
+  return res;
 }
 
 static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
@@ -83,7 +112,7 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
     TRACE(MCCL_SUB_COLL, "rank %d: start %s #%llu count %zu %s", comm->rank,
           mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
           mcclDtypeName(req->op.dtype));
-    res = runAlgorithm(comm, &req->op);
+    res = runPremul(comm, req);
   }
   if (res == mcclSuccess) {
     TRACE(MCCL_SUB_COLL, "rank %d: done %s #%llu in %.3f ms", comm->rank, mcclCollName(req->op.coll),
@@ -101,6 +130,9 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   mcclTransportFail(&comm->tp, msg);
   requestFinish(req, res, msg);
 }
+
+static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
+                           const mcclOpOptions_t* options, mcclRequest_t* request);
 
 void* mcclEngineMain(void* arg) {
   struct mcclComm* comm = arg;
@@ -121,20 +153,44 @@ void* mcclEngineMain(void* arg) {
   return NULL;
 }
 
+mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const size_t* const arrays[4],
+                               const mcclOpOptions_t* options, mcclRequest_t* request) {
+  size_t n = (size_t)comm->nranks;
+  size_t* v = malloc(4 * n * sizeof(size_t));
+  if (v == NULL) {
+    mcclSetThreadError("out of memory for all-to-allv counts");
+    return mcclSystemError;
+  }
+  for (int k = 0; k < 4; k++) memcpy(v + (size_t)k * n, arrays[k], n * sizeof(size_t));
+  return submit(comm, op, v, options, request);
+}
+
 mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
                               const mcclOpOptions_t* options, mcclRequest_t* request) {
+  return submit(comm, op, NULL, options, request);
+}
+
+/* Takes ownership of `v`. */
+static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
+                           const mcclOpOptions_t* options, mcclRequest_t* request) {
   struct mcclRequest* req = calloc(1, sizeof(*req));
   if (req == NULL) {
+    free(v);
     mcclSetThreadError("out of memory for a request");
     return mcclSystemError;
   }
+  req->v = v;
   atomic_init(&req->refs, 2);
   pthread_mutex_init(&req->mu, NULL);
   pthread_cond_init(&req->cv, NULL);
   req->op = *op;
+  req->op.v = v;
   req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : comm->timeout_ms;
   if (options && options->handoff) req->handoff = *options->handoff;
-  if (options) req->op.algorithm = options->algorithm;
+  if (options) {
+    req->op.algorithm = options->algorithm;
+    req->premul_factor = options->premul_factor;
+  }
 
   pthread_mutex_lock(&comm->qlock);
   if (comm->stopping) {

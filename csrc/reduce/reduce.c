@@ -650,6 +650,8 @@ mcclResult_t mcclReduceCheck(mcclDataType_t datatype, mcclRedOp_t op) {
   int is_bitwise = op == mcclBand || op == mcclBor || op == mcclBxor;
   if (is_float && is_bitwise) return mcclUnsupported;
   if (datatype == mcclBool && op == mcclAvg) return mcclUnsupported;
+  /* PREMUL_SUM is scaled once by the engine and then reduced as SUM; see mcclReduceScale. */
+  if (op == mcclPremulSum) return is_float ? mcclSuccess : mcclUnsupported;
   return mcclSuccess;
 }
 
@@ -668,8 +670,9 @@ MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype) {
   }
 }
 
-void mcclReduce(void* dst, const void* a, const void* b, size_t count, mcclDataType_t datatype,
+void mcclReduceKernel(void* dst, const void* a, const void* b, size_t count, mcclDataType_t datatype,
                 mcclRedOp_t op, uint32_t avg_divisor) {
+  if (op == mcclPremulSum) op = mcclSum;
   if (count == 0 || mcclReduceCheck(datatype, op) != mcclSuccess) return;
 #if MCCL_REDUCE_X86
   if (simdLevel() == 1) {
@@ -696,4 +699,45 @@ void mcclReduceDivide(void* dst, const void* src, size_t count, mcclDataType_t d
   }
 #endif
   dividePortable(dst, src, count, datatype, divisor);
+}
+
+mcclResult_t mcclPremulCheck(mcclDataType_t datatype) {
+  if ((unsigned)datatype >= (unsigned)mcclNumTypes) return mcclInvalidArgument;
+  int is_float = datatype == mcclFloat16 || datatype == mcclFloat32 ||
+                 datatype == mcclFloat64 || datatype == mcclBfloat16;
+  return is_float ? mcclSuccess : mcclUnsupported;
+}
+
+/* One pass; not on any ring's critical path (it runs once per call, before the first send). */
+void mcclReduceScale(void* dst, const void* src, size_t count, mcclDataType_t datatype, double factor) {
+  switch (datatype) {
+    case mcclFloat64: {
+      double* d = dst;
+      const double* s = src;
+      for (size_t i = 0; i < count; i++) d[i] = s[i] * factor;
+      break;
+    }
+    case mcclFloat32: {
+      float* d = dst;
+      const float* s = src;
+      const float f = (float)factor;
+      for (size_t i = 0; i < count; i++) d[i] = s[i] * f;
+      break;
+    }
+    case mcclFloat16: {
+      uint16_t* d = dst;
+      const uint16_t* s = src;
+      const float f = (float)factor;
+      for (size_t i = 0; i < count; i++) d[i] = floatToHalf(halfToFloat(s[i]) * f);
+      break;
+    }
+    case mcclBfloat16: {
+      uint16_t* d = dst;
+      const uint16_t* s = src;
+      const float f = (float)factor;
+      for (size_t i = 0; i < count; i++) d[i] = floatToBf16(bf16ToFloat(s[i]) * f);
+      break;
+    }
+    default: break;
+  }
 }

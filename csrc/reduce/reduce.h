@@ -27,8 +27,15 @@ mcclResult_t mcclReduceCheck(mcclDataType_t datatype, mcclRedOp_t op);
  * (fp32 for the half types, the type itself otherwise, integers truncating toward zero), so an
  * algorithm passes the world size on the final hop and 1 elsewhere. avg_divisor is ignored for
  * other ops. The caller has validated (datatype, op) with mcclReduceCheck. */
-void mcclReduce(void* dst, const void* a, const void* b, size_t count, mcclDataType_t datatype,
+void mcclReduceKernel(void* dst, const void* a, const void* b, size_t count, mcclDataType_t datatype,
                 mcclRedOp_t op, uint32_t avg_divisor);
+
+/* dst[i] = src[i] * factor, for PREMUL_SUM: each rank scales its own input once, then the
+ * collective sums. Floating types only (mcclUnsupported from mcclPremulCheck otherwise); the
+ * product is formed in double for float64, in fp32 for the others, and rounded once. dst may
+ * equal src. */
+mcclResult_t mcclPremulCheck(mcclDataType_t datatype);
+void mcclReduceScale(void* dst, const void* src, size_t count, mcclDataType_t datatype, double factor);
 
 /* dst[i] = src[i] / divisor (AVG on a single rank, and any place that must finish an average
  * without a second operand). dst may equal src. Same rounding and integer rules as mcclReduce. */

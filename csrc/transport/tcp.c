@@ -22,6 +22,11 @@ const char* mcclCollName(int coll) {
     case MCCL_COLL_BROADCAST: return "broadcast";
     case MCCL_COLL_ALLGATHER: return "allgather";
     case MCCL_COLL_BARRIER: return "barrier";
+    case MCCL_COLL_REDUCE: return "reduce";
+    case MCCL_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case MCCL_COLL_GATHER: return "gather";
+    case MCCL_COLL_SCATTER: return "scatter";
+    case MCCL_COLL_ALLTOALL: return "alltoall";
     default: return "unknown-collective";
   }
 }
@@ -33,7 +38,7 @@ const char* mcclDtypeName(int dtype) {
 }
 
 const char* mcclOpName(int op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor"};
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor", "premul_sum"};
   return op >= 0 && op < (int)(sizeof(names) / sizeof(names[0])) ? names[op] : "unknown-op";
 }
 

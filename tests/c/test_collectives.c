@@ -125,6 +125,129 @@ static void checkAllReduce(mcclComm_t comm, int r, int n, mcclDataType_t dt, mcc
   free(ref);
 }
 
+/* Reduce (to the first and last rank), reduce-scatter, gather, scatter, all-to-all (even and
+ * uneven) and PREMUL_SUM, through both algorithm families where there are two. */
+static void checkRootedAndAllToAll(mcclComm_t comm, int r, int n, uint64_t* rng) {
+  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree};
+  const size_t counts[] = {0, 1, 7919, 100003};
+  for (size_t a = 0; a < 2; a++)
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+      const size_t count = counts[c];
+      mcclOpOptions_t opts;
+      memset(&opts, 0, sizeof(opts));
+      opts.algorithm = algos[a];
+      size_t nc = count * (size_t)n;
+      int32_t* in = malloc(nc * 4 + 4);
+      int32_t* out = malloc(nc * 4 + 4);
+      for (size_t i = 0; i < nc; i++) in[i] = (int32_t)((i * 7 + (size_t)r * 13) % 11) - 5;
+      /* reduce to the first and the last rank: sum over ranks of in[i] */
+      for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1)) {
+        for (size_t i = 0; i < count; i++) out[i] = -99;
+        skew(rng);
+        EXPECT_OK(comm, mcclReduce(in, out, count, mcclInt32, mcclSum, root, comm, &opts, NULL));
+        size_t bad = 0;
+        for (size_t i = 0; i < count; i++) {
+          int32_t want = 0;
+          for (int q = 0; q < n; q++) want += (int32_t)((i * 7 + (size_t)q * 13) % 11) - 5;
+          bad += out[i] != (r == root ? want : -99);
+        }
+        EXPECT(bad == 0, "reduce n=%d root=%d count=%zu algo=%d: %zu wrong", n, root, count, (int)algos[a], bad);
+        if (n == 1) break;
+      }
+      /* reduce-scatter with AVG on float32 (sums of small integers / n, exact per the rule) */
+      float* fin = malloc(nc * 4 + 4);
+      float* fout = malloc(count * 4 + 4);
+      for (size_t i = 0; i < nc; i++) fin[i] = (float)in[i];
+      skew(rng);
+      EXPECT_OK(comm, mcclReduceScatter(fin, fout, count, mcclFloat32, mcclAvg, comm, &opts, NULL));
+      size_t bad = 0;
+      for (size_t i = 0; i < count; i++) {
+        size_t g = (size_t)r * count + i;
+        int32_t sum = 0;
+        for (int q = 0; q < n; q++) sum += (int32_t)((g * 7 + (size_t)q * 13) % 11) - 5;
+        bad += fout[i] != (float)sum / (float)n;
+      }
+      EXPECT(bad == 0, "reduce_scatter avg n=%d count=%zu algo=%d: %zu wrong", n, count, (int)algos[a], bad);
+      /* PREMUL_SUM all-reduce and reduce-scatter: factor 0.5, inputs even integers */
+      opts.premul_factor = 0.5;
+      for (size_t i = 0; i < nc; i++) fin[i] = (float)(2 * in[i]);
+      skew(rng);
+      EXPECT_OK(comm, mcclReduceScatter(fin, fout, count, mcclFloat32, mcclPremulSum, comm, &opts, NULL));
+      bad = 0;
+      for (size_t i = 0; i < count; i++) {
+        size_t g = (size_t)r * count + i;
+        int32_t sum = 0;
+        for (int q = 0; q < n; q++) sum += (int32_t)((g * 7 + (size_t)q * 13) % 11) - 5;
+        bad += fout[i] != (float)sum;
+      }
+      EXPECT(bad == 0, "reduce_scatter premul n=%d count=%zu: %zu wrong", n, count, bad);
+      bad = 0;
+      for (size_t i = 0; i < nc; i++) bad += fin[i] != (float)(2 * in[i]);
+      EXPECT(bad == 0, "premul changed %zu input elements", bad);
+      opts.premul_factor = 0;
+      free(fin);
+      free(fout);
+      if (a == 1) { free(in); free(out); continue; }
+      /* gather to and scatter from the last rank */
+      int root = n - 1;
+      for (size_t i = 0; i < nc; i++) out[i] = -1;
+      skew(rng);
+      EXPECT_OK(comm, mcclGather(in + (size_t)r * count, out, count, mcclInt32, root, comm, NULL, NULL));
+      bad = 0;
+      if (r == root)
+        for (int q = 0; q < n; q++)
+          for (size_t i = 0; i < count; i++) {
+            size_t g = (size_t)q * count + i;
+            bad += out[g] != (int32_t)((g * 7 + (size_t)q * 13) % 11) - 5;
+          }
+      EXPECT(bad == 0, "gather n=%d count=%zu: %zu wrong", n, count, bad);
+      for (size_t i = 0; i < count; i++) out[i] = -1;
+      skew(rng);
+      EXPECT_OK(comm, mcclScatter(in, out, count, mcclInt32, root, comm, NULL, NULL));
+      bad = 0;
+      for (size_t i = 0; i < count; i++) {
+        size_t g = (size_t)r * count + i;
+        bad += out[i] != (int32_t)((g * 7 + (size_t)root * 13) % 11) - 5;
+      }
+      EXPECT(bad == 0, "scatter n=%d count=%zu: %zu wrong", n, count, bad);
+      /* all-to-all: block j of rank q is q * 1000 + j + i */
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < count; i++) in[(size_t)j * count + i] = r * 1000 + j + (int32_t)(i % 100);
+      skew(rng);
+      EXPECT_OK(comm, mcclAllToAll(in, out, count, mcclInt32, comm, NULL, NULL));
+      bad = 0;
+      for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < count; i++) bad += out[(size_t)q * count + i] != q * 1000 + r + (int32_t)(i % 100);
+      EXPECT(bad == 0, "alltoall n=%d count=%zu: %zu wrong", n, count, bad);
+      free(in);
+      free(out);
+    }
+  /* Uneven all-to-all: rank q sends (q + j) % 3 * 5 + j elements to rank j, value q * 100 + j. */
+  size_t* v = calloc((size_t)n * 4, sizeof(size_t));
+  size_t stotal = 0, rtotal = 0;
+  for (int j = 0; j < n; j++) {
+    v[j] = (size_t)((r + j) % 3) * 5 + (size_t)j;
+    v[n + j] = stotal;
+    stotal += v[j];
+    v[2 * n + j] = (size_t)((j + r) % 3) * 5 + (size_t)r;
+    v[3 * n + j] = rtotal;
+    rtotal += v[2 * n + j];
+  }
+  int64_t* sb = malloc(stotal * 8 + 8);
+  int64_t* rb = malloc(rtotal * 8 + 8);
+  for (int j = 0; j < n; j++)
+    for (size_t i = 0; i < v[j]; i++) sb[v[n + j] + i] = r * 100 + j;
+  skew(rng);
+  EXPECT_OK(comm, mcclAllToAllv(sb, v, v + n, rb, v + 2 * n, v + 3 * n, mcclInt64, comm, NULL, NULL));
+  size_t bad = 0;
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < v[2 * n + q]; i++) bad += rb[v[3 * n + q] + i] != q * 100 + r;
+  EXPECT(bad == 0, "alltoallv n=%d: %zu wrong", n, bad);
+  free(sb);
+  free(rb);
+  free(v);
+}
+
 static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   (void)arg;
   mcclComm_t comm = harnessCommInit(r, n, store);
@@ -191,6 +314,8 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     free(out);
     free(in);
   }
+
+  checkRootedAndAllToAll(comm, r, n, &rng);
 
   for (int b = 0; b < 3; b++) {
     skew(&rng);

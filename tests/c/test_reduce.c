@@ -603,7 +603,7 @@ static void runReduceCase(mcclDataType_t t, mcclRedOp_t op, uint32_t divisor, si
   memcpy(save_b, buf_b, span);
   memcpy(save_d, buf_d, span);
 
-  mcclReduce(d, a, b, count, t, op, divisor);
+  mcclReduceKernel(d, a, b, count, t, op, divisor);
 
   size_t bad = count;
   for (size_t i = 0; i < count && bad == count; i++) {
@@ -698,7 +698,7 @@ static void testNanAndZero(const char* build) {
         refStoreFloat(b + i * es, t, which != 0 ? NAN : y);
       }
       for (int op = mcclMax; op <= mcclMin; op++) {
-        mcclReduce(d, a, b, n, t, (mcclRedOp_t)op, 1);
+        mcclReduceKernel(d, a, b, n, t, (mcclRedOp_t)op, 1);
         int all_nan = 1;
         for (int i = 0; i < n; i++) all_nan &= isnan(refLoadFloat(d + i * es, t));
         EXPECT(all_nan, "%s %s %s with NaN in %s: result not NaN", build, kTypeNames[t],
@@ -710,7 +710,7 @@ static void testNanAndZero(const char* build) {
       refStoreFloat(a + i * es, t, -0.0);
       refStoreFloat(b + i * es, t, (i & 1) ? 0.0 : -0.0);
     }
-    mcclReduce(d, a, b, n, t, mcclSum, 1);
+    mcclReduceKernel(d, a, b, n, t, mcclSum, 1);
     int zeros_ok = 1;
     for (int i = 0; i < n; i++) {
       double v = refLoadFloat(d + i * es, t);
@@ -811,9 +811,9 @@ static void testBuildsAgree(void) {
           storeRaw(b + 8 * i, mcclInt64, rnd());
         }
         mcclReduceForcePortable(0);
-        mcclReduce(d1, a, b, n, t, (mcclRedOp_t)op, divisor);
+        mcclReduceKernel(d1, a, b, n, t, (mcclRedOp_t)op, divisor);
         mcclReduceForcePortable(1);
-        mcclReduce(d2, a, b, n, t, (mcclRedOp_t)op, divisor);
+        mcclReduceKernel(d2, a, b, n, t, (mcclRedOp_t)op, divisor);
         mcclReduceForcePortable(0);
         size_t differ = n;
         for (size_t i = 0; i < n && differ == n; i++) {
@@ -876,7 +876,7 @@ static double timeKernel(void* d, const void* a, const void* b, size_t bytes, in
       memcpy(d, a, bytes);
     } else {
       mcclDataType_t t = (mcclDataType_t)kind;
-      mcclReduce(d, a, b, bytes / typeSize(t), t, mcclSum, 1);
+      mcclReduceKernel(d, a, b, bytes / typeSize(t), t, mcclSum, 1);
     }
     double dt = nowSeconds() - t0;
     if (dt < best) best = dt;

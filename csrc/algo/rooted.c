@@ -1,0 +1,165 @@
+/*
+ * rooted.c: reduce, reduce-scatter, gather, scatter and all-to-all: the collectives that are
+ * either rooted at one rank or built from the ring and doubling pieces elsewhere.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "core/debug.h"
+#include "reduce/reduce.h"
+
+static mcclResult_t outOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
+  snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes of intermediate results", bytes);
+  return mcclSystemError;
+}
+
+static int useRing(const mcclAlgoCtx* ctx, const mcclOp* op, size_t bytes) {
+  if (op->algorithm == mcclAlgoRing) return 1;
+  return op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold;
+}
+
+/* Binomial-tree reduce toward root, the broadcast tree run backwards: in virtual ranks
+ * v = (r - root) mod n, rank v first combines the partial results of its children v + 2^j
+ * (j from 0 up, as they arrive in that order), always as (mine) op (child's): the child covers
+ * higher virtual ranks. Then it sends its partial result to its parent. */
+static mcclResult_t treeReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks;
+  const int v = ((ctx->rank - op->root) % n + n) % n;
+  const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
+  char* acc = mcclAlgoWork(ctx, bytes);
+  char* tmp = acc ? mcclAlgoScratch(ctx, bytes) : NULL;
+  if (tmp == NULL) return outOfMemory(ctx, bytes * 2);
+  memcpy(acc, op->sendbuf, bytes);
+  for (int mask = 1, k = 0; mask < n; mask <<= 1, k++) {
+    if (v & mask) {
+      mcclPeerIo up = {(v - mask + op->root) % n, 1, acc, bytes, 0, (uint32_t)k};
+      return mcclAlgoExchange(ctx, op, &up, 1);
+    }
+    if (v + mask < n) {
+      mcclPeerIo in = {(v + mask + op->root) % n, 0, tmp, bytes, 0, (uint32_t)k};
+      MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
+      int last = (v == 0) && (mask << 1) >= n;
+      mcclReduceKernel(acc, acc, tmp, op->count, op->dtype, op->op, last ? (uint32_t)n : 1);
+    }
+  }
+  /* Only root gets here. AVG with n == 1 needs no division. */
+  memcpy(op->recvbuf, acc, bytes);
+  return mcclSuccess;
+}
+
+mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
+  if (bytes == 0) return mcclSuccess;
+  if (ctx->nranks == 1) {
+    if (op->recvbuf != op->sendbuf) memcpy(op->recvbuf, op->sendbuf, bytes);
+    return mcclSuccess;
+  }
+  if (useRing(ctx, op, bytes) && op->count >= (size_t)ctx->nranks) {
+    char* work = mcclAlgoWork(ctx, bytes);
+    if (work == NULL) return outOfMemory(ctx, bytes);
+    return mcclRingReduce(ctx, op, work);
+  }
+  return treeReduce(ctx, op);
+}
+
+/* Small reduce-scatters run recursive doubling over a copy of the whole input, then keep their
+ * own block: log2(n) rounds instead of n-1. */
+mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks;
+  const size_t esz = mcclDataTypeSize(op->dtype), blk = op->count * esz, total = blk * (size_t)n;
+  if (blk == 0) return mcclSuccess;
+  const char* mine = (const char*)op->sendbuf + (size_t)ctx->rank * blk;
+  if (n == 1) {
+    if (op->recvbuf != mine) memmove(op->recvbuf, mine, blk);
+    return mcclSuccess;
+  }
+  char* work = mcclAlgoWork(ctx, total);
+  if (work == NULL) return outOfMemory(ctx, total);
+  if (useRing(ctx, op, total)) return mcclRingReduceScatter(ctx, op, work);
+  mcclOp whole = *op;
+  whole.recvbuf = work;
+  whole.count = op->count * (size_t)n;
+  MCCLCHECK(mcclDoublingAllReduce(ctx, &whole));
+  memcpy(op->recvbuf, work + (size_t)ctx->rank * blk, blk);
+  return mcclSuccess;
+}
+
+/* Gather and scatter are linear: every block crosses root's link exactly once, which is the
+ * bound for any algorithm, and root posts all n-1 transfers at once. */
+mcclResult_t mcclAlgoGather(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t blk = op->count * mcclDataTypeSize(op->dtype);
+  if (r != op->root) {
+    mcclPeerIo out = {op->root, 1, (char*)op->sendbuf, blk, 0, 0};
+    return blk ? mcclAlgoExchange(ctx, op, &out, 1) : mcclSuccess;
+  }
+  char* own = (char*)op->recvbuf + (size_t)r * blk;
+  if (own != op->sendbuf) memmove(own, op->sendbuf, blk);
+  if (n == 1 || blk == 0) return mcclSuccess;
+  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
+  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
+  int nio = 0;
+  for (int p = 0; p < n; p++)
+    if (p != r) ios[nio++] = (mcclPeerIo){p, 0, (char*)op->recvbuf + (size_t)p * blk, blk, 0, 0};
+  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
+  free(ios);
+  return res;
+}
+
+mcclResult_t mcclAlgoScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t blk = op->count * mcclDataTypeSize(op->dtype);
+  if (r != op->root) {
+    mcclPeerIo in = {op->root, 0, op->recvbuf, blk, 0, 0};
+    return blk ? mcclAlgoExchange(ctx, op, &in, 1) : mcclSuccess;
+  }
+  const char* own = (const char*)op->sendbuf + (size_t)r * blk;
+  if (op->recvbuf != own) memmove(op->recvbuf, own, blk);
+  if (n == 1 || blk == 0) return mcclSuccess;
+  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
+  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
+  int nio = 0;
+  for (int p = 0; p < n; p++)
+    if (p != r) ios[nio++] = (mcclPeerIo){p, 1, (char*)op->sendbuf + (size_t)p * blk, blk, 0, 0};
+  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
+  free(ios);
+  return res;
+}
+
+/* All-to-all: the own block is copied; every other pair exchanges its blocks over its own
+ * connection, all posted at once (each connection carries one block each way). op->v, when set,
+ * holds sendcounts, sdispls, recvcounts and rdispls; otherwise blocks are op->count elements. */
+mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t esz = mcclDataTypeSize(op->dtype);
+  const size_t* v = op->v;
+#define SCOUNT(j) (v ? v[(j)] : op->count)
+#define SDISPL(j) (v ? v[n + (j)] : (size_t)(j) * op->count)
+#define RCOUNT(j) (v ? v[2 * n + (j)] : op->count)
+#define RDISPL(j) (v ? v[3 * n + (j)] : (size_t)(j) * op->count)
+  if (SCOUNT(r) != RCOUNT(r)) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error),
+             "alltoall: rank %d sends itself %zu elements but expects %zu", r, SCOUNT(r), RCOUNT(r));
+    return mcclMismatch;
+  }
+  memmove((char*)op->recvbuf + RDISPL(r) * esz, (const char*)op->sendbuf + SDISPL(r) * esz, SCOUNT(r) * esz);
+  if (n == 1) return mcclSuccess;
+  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n * 2);
+  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n * 2);
+  int nio = 0;
+  /* Pairwise order (r+1, r+2, ...) spreads the first frames over different peers. */
+  for (int k = 1; k < n; k++) {
+    int to = (r + k) % n, from = (r - k + n) % n;
+    ios[nio++] = (mcclPeerIo){to, 1, (char*)op->sendbuf + SDISPL(to) * esz, SCOUNT(to) * esz, 0, 0};
+    ios[nio++] = (mcclPeerIo){from, 0, (char*)op->recvbuf + RDISPL(from) * esz, RCOUNT(from) * esz, 0, 0};
+  }
+#undef SCOUNT
+#undef SDISPL
+#undef RCOUNT
+#undef RDISPL
+  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
+  free(ios);
+  return res;
+}
