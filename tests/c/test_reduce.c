@@ -28,8 +28,8 @@ void mcclReduceForcePortable(int on);
 
 static const char* const kTypeNames[mcclNumTypes] = {
     "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16", "bool"};
-static const char* const kOpNames[mcclNumOps] = {"sum", "prod", "max", "min",
-                                                 "avg", "band", "bor", "bxor"};
+static const char* const kOpNames[mcclNumOps] = {"sum", "prod", "max", "min", "avg",
+                                                 "band", "bor", "bxor", "premul_sum"};
 
 static uint64_t rng_state = 0x5eed0123456789abull;
 
@@ -635,6 +635,7 @@ static mcclResult_t expectedVerdict(int t, int op) {
   if (isFloatType((mcclDataType_t)t) && (op == mcclBand || op == mcclBor || op == mcclBxor)) {
     return mcclUnsupported;
   }
+  if (op == mcclPremulSum && !isFloatType((mcclDataType_t)t)) return mcclUnsupported;
   return mcclSuccess;
 }
 
@@ -662,7 +663,8 @@ static const size_t kOffsets[][3] = {{0, 0, 0}, {1, 2, 3}, {3, 1, 7}, {5, 5, 5}}
 static void testReduceAll(const char* build) {
   for (int t = 0; t < mcclNumTypes; t++) {
     for (int op = 0; op < mcclNumOps; op++) {
-      if (expectedVerdict(t, op) != mcclSuccess) continue;
+      /* The kernel combines PREMUL_SUM as SUM (the scaling happens once, in mcclReduceScale). */
+      if (expectedVerdict(t, op) != mcclSuccess || op == mcclPremulSum) continue;
       uint32_t divisors[] = {1, 3, 4, 0};
       int ndiv = op == mcclAvg ? 4 : 1;
       for (int di = 0; di < ndiv; di++) {
@@ -923,6 +925,36 @@ static void benchmark(void) {
   free(d);
 }
 
+/* mcclReduceScale: x * factor, formed in double for float64 and in fp32 for the others, rounded
+ * once; only floating types are accepted by mcclPremulCheck. */
+static void testScale(void) {
+  for (int t = 0; t < mcclNumTypes; t++)
+    EXPECT(mcclPremulCheck((mcclDataType_t)t) == (isFloatType((mcclDataType_t)t) ? mcclSuccess : mcclUnsupported),
+           "mcclPremulCheck(%s)", kTypeNames[t]);
+  enum { n = 37 };
+  float f32[n], g32[n];
+  double f64[n];
+  uint16_t h[n], b[n];
+  for (int i = 0; i < n; i++) {
+    double x = (double)(i - 18) * 3.0;
+    f32[i] = (float)x;
+    f64[i] = x;
+    h[i] = mcclFloatToHalf((float)x);
+    b[i] = mcclFloatToBfloat16((float)x);
+  }
+  mcclReduceScale(g32, f32, n, mcclFloat32, 0.25);
+  mcclReduceScale(f64, f64, n, mcclFloat64, 1.0 / 3.0);
+  mcclReduceScale(h, h, n, mcclFloat16, 0.5);
+  mcclReduceScale(b, b, n, mcclBfloat16, 0.5);
+  for (int i = 0; i < n; i++) {
+    double x = (double)(i - 18) * 3.0;
+    EXPECT(g32[i] == (float)x * 0.25f, "float32 scale at %d: %g", i, g32[i]);
+    EXPECT(f64[i] == x * (1.0 / 3.0), "float64 scale at %d: %g", i, f64[i]);
+    EXPECT(mcclHalfToFloat(h[i]) == (float)x * 0.5f, "float16 scale at %d", i);
+    EXPECT(mcclBfloat16ToFloat(b[i]) == (float)x * 0.5f, "bfloat16 scale at %d", i);
+  }
+}
+
 int main(void) {
   size_t bytes = (size_t)kBufElems * 8;
   buf_a = malloc(bytes);
@@ -944,6 +976,7 @@ int main(void) {
   testRandomFloats();
   testConversionSpecials();
   testReduceCheck();
+  testScale();
   for (int portable = 0; portable < 2; portable++) {
     const char* build = portable ? "portable" : "native";
     mcclReduceForcePortable(portable);
