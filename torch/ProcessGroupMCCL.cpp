@@ -76,7 +76,9 @@ mcclDataType_t toMcclType(const at::Tensor& t, const char* op) {
   }
 }
 
-mcclRedOp_t toMcclOp(const c10d::ReduceOp& op, const at::Tensor& t) {
+// The C op for a torch ReduceOp; PREMUL_SUM's factor (a double or a one-element tensor) goes to
+// *factor.
+mcclRedOp_t toMcclOp(const c10d::ReduceOp& op, double* factor) {
   switch (op) {
     case c10d::ReduceOp::SUM: return mcclSum;
     case c10d::ReduceOp::AVG: return mcclAvg;
@@ -86,9 +88,16 @@ mcclRedOp_t toMcclOp(const c10d::ReduceOp& op, const at::Tensor& t) {
     case c10d::ReduceOp::BAND: return mcclBand;
     case c10d::ReduceOp::BOR: return mcclBor;
     case c10d::ReduceOp::BXOR: return mcclBxor;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(sup != nullptr, "mccl: PREMUL_SUM without its factor");
+      *factor = sup->tensor_factor.defined() ? sup->tensor_factor.to(at::kCPU, at::kDouble).item<double>()
+                                             : sup->double_factor;
+      return mcclPremulSum;
+    }
     default:
-      TORCH_CHECK(false, "mccl allreduce: reduce op ", op.op_, " is not supported yet (supported: "
-                  "SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+      TORCH_CHECK(false, "mccl: reduce op ", op.op_, " is not supported (supported: SUM, AVG, "
+                  "PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM)");
   }
 }
 
@@ -233,7 +242,7 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMCCL::getBackendOptions()
 template <typename Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkMCCL> work,
                                                         std::chrono::milliseconds timeout,
-                                                        Issue issue) {
+                                                        Issue issue, double premul_factor) {
   work->handoff_.ctx = work.get();
   work->handoff_.producer_wait = nullptr;  // CPU memory: written before the call returns
   work->handoff_.consumer_release = &WorkMCCL::onRelease;
@@ -242,6 +251,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   std::memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = timeoutMs(timeout, timeout_);
   opts.handoff = &work->handoff_;
+  opts.premul_factor = premul_factor;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {
     work->self_.reset();
@@ -256,14 +266,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   const at::Tensor& t = checkSingle(tensors, "allreduce");
   checkTensor(t, "allreduce");
   mcclDataType_t dt = toMcclType(t, "allreduce");
-  mcclRedOp_t op = toMcclOp(opts.reduceOp, t);
+  double factor = 0;
+  mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE, "allreduce", tensors);
   mcclComm_t c = comm();
   void* ptr = t.data_ptr();
   size_t n = static_cast<size_t>(t.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllReduce(ptr, ptr, n, dt, op, c, o, r);
-  });
+  }, factor);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tensor>& tensors,
@@ -281,7 +292,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   int root = static_cast<int>(opts.rootRank);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclBroadcast(ptr, n, dt, root, c, o, r);
-  });
+  }, 0);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -302,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
   size_t n = static_cast<size_t>(input.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllGather(in, out, n, dt, c, o, r);
-  });
+  }, 0);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -338,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   size_t n = static_cast<size_t>(numel);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllGather(in, out, n, dt, c, o, r);
-  });
+  }, 0);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions& opts) {
@@ -346,7 +357,334 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOpti
   mcclComm_t c = comm();
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclBarrier(c, o, r);
-  });
+  }, 0);
+}
+
+// ---- the rest of the surface: staging through one flat buffer where torch hands lists ------
+
+namespace {
+
+// Every tensor of a collective: checked, same dtype as the first.
+void checkAll(const std::vector<at::Tensor>& ts, const at::Tensor& ref, const char* op) {
+  for (const auto& t : ts) {
+    checkTensor(t, op);
+    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "mccl ", op, ": every tensor must have dtype ",
+                ref.scalar_type(), ", got ", t.scalar_type());
+  }
+}
+
+at::Tensor flatCat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copy consecutive pieces of `flat` back into `ts` (engine thread, after the collective).
+void splitInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+  int64_t off = 0;
+  for (const auto& t : ts) {
+    t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
+    off += t.numel();
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "mccl allreduce_coalesced: no tensors");
+  checkAll(tensors, tensors[0], "allreduce_coalesced");
+  mcclDataType_t dt = toMcclType(tensors[0], "allreduce_coalesced");
+  double factor = 0;
+  mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
+  at::Tensor flat = flatCat(tensors);
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
+  work->keep_alive_ = {flat};
+  std::vector<at::Tensor> targets = tensors;
+  work->postprocess_ = [flat, targets]() { splitInto(flat, targets); };
+  mcclComm_t c = comm();
+  void* ptr = flat.data_ptr();
+  size_t n = static_cast<size_t>(flat.numel());
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclAllReduce(ptr, ptr, n, dt, op, c, o, r);
+  }, factor);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = checkSingle(tensors, "reduce");
+  checkTensor(t, "reduce");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl reduce: root rank ",
+              opts.rootRank, " is outside 0..", getSize() - 1);
+  mcclDataType_t dt = toMcclType(t, "reduce");
+  double factor = 0;
+  mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::REDUCE, "reduce", tensors);
+  mcclComm_t c = comm();
+  void* ptr = t.data_ptr();
+  size_t n = static_cast<size_t>(t.numel());
+  int root = static_cast<int>(opts.rootRank);
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclReduce(ptr, ptr, n, dt, op, root, c, o, r);  // written on root only
+  }, factor);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(),
+              "mccl allgather_into_tensor_coalesced: needs as many outputs as inputs");
+  checkAll(inputs, inputs[0], "allgather_into_tensor_coalesced");
+  checkAll(outputs, inputs[0], "allgather_into_tensor_coalesced");
+  const int64_t n = getSize();
+  for (size_t i = 0; i < inputs.size(); i++)
+    TORCH_CHECK(outputs[i].numel() == n * inputs[i].numel(), "mccl allgather_into_tensor_coalesced: output ",
+                i, " has ", outputs[i].numel(), " elements, expected world size x ", inputs[i].numel());
+  mcclDataType_t dt = toMcclType(inputs[0], "allgather_into_tensor_coalesced");
+  at::Tensor flat_in = flatCat(inputs);
+  const int64_t total = flat_in.numel();
+  at::Tensor flat_out = at::empty({n * total}, flat_in.options());
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs);
+  work->keep_alive_ = {flat_in, flat_out};
+  std::vector<at::Tensor> targets = outputs;
+  std::vector<int64_t> sizes;
+  for (const auto& t : inputs) sizes.push_back(t.numel());
+  work->postprocess_ = [flat_out, targets, sizes, n, total]() {
+    at::Tensor rows = flat_out.view({n, total});
+    int64_t off = 0;
+    for (size_t i = 0; i < targets.size(); i++) {
+      targets[i].view({n, sizes[i]}).copy_(rows.narrow(1, off, sizes[i]));
+      off += sizes[i];
+    }
+  };
+  mcclComm_t c = comm();
+  const void* in = flat_in.data_ptr();
+  void* out = flat_out.data_ptr();
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclAllGather(in, out, static_cast<size_t>(total), dt, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  const at::Tensor& input = checkSingle(inputs, "gather");
+  checkTensor(input, "gather");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl gather: root rank ",
+              opts.rootRank, " is outside 0..", getSize() - 1);
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = getRank() == root;
+  std::vector<at::Tensor> targets;
+  if (is_root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                "mccl gather: root needs one list of world size ", getSize(), " output tensors");
+    targets = outputs[0];
+    checkAll(targets, input, "gather");
+    for (const auto& t : targets)
+      TORCH_CHECK(t.numel() == input.numel(), "mccl gather: every output must have ", input.numel(), " elements");
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "mccl gather: only the root passes output tensors");
+  }
+  mcclDataType_t dt = toMcclType(input, "gather");
+  at::Tensor flat = is_root ? at::empty({getSize() * input.numel()}, input.options()) : at::Tensor();
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::GATHER, "gather", targets);
+  work->keep_alive_ = {input};
+  if (is_root) {
+    work->keep_alive_.push_back(flat);
+    work->postprocess_ = [flat, targets]() { splitInto(flat, targets); };
+  }
+  mcclComm_t c = comm();
+  const void* in = input.data_ptr();
+  void* out = is_root ? flat.data_ptr() : nullptr;
+  size_t n = static_cast<size_t>(input.numel());
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclGather(in, out, n, dt, root, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  const at::Tensor& output = checkSingle(outputs, "scatter");
+  checkTensor(output, "scatter");
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl scatter: root rank ",
+              opts.rootRank, " is outside 0..", getSize() - 1);
+  const int root = static_cast<int>(opts.rootRank);
+  const bool is_root = getRank() == root;
+  at::Tensor flat;
+  if (is_root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                "mccl scatter: root needs one list of world size ", getSize(), " input tensors");
+    checkAll(inputs[0], output, "scatter");
+    for (const auto& t : inputs[0])
+      TORCH_CHECK(t.numel() == output.numel(), "mccl scatter: every input must have ", output.numel(), " elements");
+    flat = flatCat(inputs[0]);
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "mccl scatter: only the root passes input tensors");
+  }
+  mcclDataType_t dt = toMcclType(output, "scatter");
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::SCATTER, "scatter", outputs);
+  if (is_root) work->keep_alive_ = {flat};
+  mcclComm_t c = comm();
+  const void* in = is_root ? flat.data_ptr() : nullptr;
+  void* out = output.data_ptr();
+  size_t n = static_cast<size_t>(output.numel());
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclScatter(in, out, n, dt, root, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  checkTensor(input, "reduce_scatter_tensor");
+  checkTensor(output, "reduce_scatter_tensor");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "mccl reduce_scatter_tensor: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * getSize(), "mccl reduce_scatter_tensor: input has ",
+              input.numel(), " elements, expected world size ", getSize(), " x ", output.numel());
+  mcclDataType_t dt = toMcclType(input, "reduce_scatter_tensor");
+  double factor = 0;
+  mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
+                                            std::vector<at::Tensor>{output});
+  work->keep_alive_ = {input};
+  mcclComm_t c = comm();
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  size_t n = static_cast<size_t>(output.numel());
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclReduceScatter(in, out, n, dt, op, c, o, r);
+  }, factor);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  at::Tensor& output = const_cast<at::Tensor&>(checkSingle(outputs, "reduce_scatter"));
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+              "mccl reduce_scatter: needs one list of world size ", getSize(), " input tensors");
+  checkAll(inputs[0], output, "reduce_scatter");
+  for (const auto& t : inputs[0])
+    TORCH_CHECK(t.numel() == output.numel(), "mccl reduce_scatter: every input must have ", output.numel(), " elements");
+  at::Tensor flat = flatCat(inputs[0]);
+  return _reduce_scatter_base(output, flat, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(),
+              "mccl reduce_scatter_tensor_coalesced: needs as many outputs as inputs");
+  checkAll(inputs, inputs[0], "reduce_scatter_tensor_coalesced");
+  checkAll(outputs, inputs[0], "reduce_scatter_tensor_coalesced");
+  const int64_t n = getSize();
+  std::vector<at::Tensor> rows;  // input i as (n, m_i): row p is rank p's block
+  for (size_t i = 0; i < inputs.size(); i++) {
+    TORCH_CHECK(inputs[i].numel() == n * outputs[i].numel(), "mccl reduce_scatter_tensor_coalesced: input ",
+                i, " has ", inputs[i].numel(), " elements, expected world size x ", outputs[i].numel());
+    rows.push_back(inputs[i].reshape({n, outputs[i].numel()}));
+  }
+  // Rank-major staging: block p holds every input's row p, so one reduce-scatter serves all.
+  at::Tensor staged = at::cat(rows, 1).reshape({-1});
+  at::Tensor flat_out = at::empty({staged.numel() / n}, staged.options());
+  mcclDataType_t dt = toMcclType(inputs[0], "reduce_scatter_tensor_coalesced");
+  double factor = 0;
+  mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs);
+  work->keep_alive_ = {staged, flat_out};
+  std::vector<at::Tensor> targets = outputs;
+  work->postprocess_ = [flat_out, targets]() { splitInto(flat_out, targets); };
+  mcclComm_t c = comm();
+  const void* in = staged.data_ptr();
+  void* out = flat_out.data_ptr();
+  size_t count = static_cast<size_t>(flat_out.numel());
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclReduceScatter(in, out, count, dt, op, c, o, r);
+  }, factor);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& outputSplitSizes,
+                                                               std::vector<int64_t>& inputSplitSizes,
+                                                               const c10d::AllToAllOptions& opts) {
+  checkTensor(input, "all_to_all_single");
+  checkTensor(output, "all_to_all_single");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "mccl all_to_all_single: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const int n = getSize();
+  mcclDataType_t dt = toMcclType(input, "all_to_all_single");
+  // Split sizes count rows of dimension 0; a row holds numel / size(0) elements.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+    std::vector<size_t> cnt(n), disp(n);
+    int64_t row = t.dim() > 0 && t.size(0) > 0 ? t.numel() / t.size(0) : 0;
+    if (splits.empty()) {
+      TORCH_CHECK(t.dim() > 0 ? t.size(0) % n == 0 : t.numel() == 0, "mccl all_to_all_single: ", which,
+                  " dimension 0 (", t.dim() > 0 ? t.size(0) : 0, ") is not divisible by world size ", n);
+      for (int j = 0; j < n; j++) cnt[j] = static_cast<size_t>(t.numel() / n);
+    } else {
+      TORCH_CHECK(static_cast<int>(splits.size()) == n, "mccl all_to_all_single: ", which, " split sizes have ",
+                  splits.size(), " entries, expected world size ", n);
+      int64_t rows = 0;
+      for (int j = 0; j < n; j++) {
+        TORCH_CHECK(splits[j] >= 0, "mccl all_to_all_single: negative split size");
+        cnt[j] = static_cast<size_t>(splits[j] * row);
+        rows += splits[j];
+      }
+      TORCH_CHECK(rows == (t.dim() > 0 ? t.size(0) : 0), "mccl all_to_all_single: ", which,
+                  " split sizes add up to ", rows, " rows, the tensor has ", t.dim() > 0 ? t.size(0) : 0);
+    }
+    size_t off = 0;
+    for (int j = 0; j < n; j++) {
+      disp[j] = off;
+      off += cnt[j];
+    }
+    return std::make_pair(cnt, disp);
+  };
+  auto [scount, sdisp] = counts(input, inputSplitSizes, "input");
+  auto [rcount, rdisp] = counts(output, outputSplitSizes, "output");
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL_BASE, "all_to_all_single",
+                                            std::vector<at::Tensor>{output});
+  work->keep_alive_ = {input};
+  mcclComm_t c = comm();
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclAllToAllv(in, scount.data(), sdisp.data(), out, rcount.data(), rdisp.data(), dt, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  const int n = getSize();
+  TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
+              "mccl all_to_all: needs world size ", n, " input and output tensors");
+  checkAll(inputs, inputs[0], "all_to_all");
+  checkAll(outputs, inputs[0], "all_to_all");
+  at::Tensor flat_in = flatCat(inputs);
+  int64_t out_total = 0;
+  std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
+  size_t soff = 0, roff = 0;
+  for (int j = 0; j < n; j++) {
+    scount[j] = static_cast<size_t>(inputs[j].numel());
+    sdisp[j] = soff;
+    soff += scount[j];
+    rcount[j] = static_cast<size_t>(outputs[j].numel());
+    rdisp[j] = roff;
+    roff += rcount[j];
+    out_total += outputs[j].numel();
+  }
+  at::Tensor flat_out = at::empty({out_total}, flat_in.options());
+  mcclDataType_t dt = toMcclType(inputs[0], "all_to_all");
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL, "all_to_all", outputs);
+  work->keep_alive_ = {flat_in, flat_out};
+  std::vector<at::Tensor> targets = outputs;
+  work->postprocess_ = [flat_out, targets]() { splitInto(flat_out, targets); };
+  mcclComm_t c = comm();
+  const void* in = flat_in.data_ptr();
+  void* out = flat_out.data_ptr();
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclAllToAllv(in, scount.data(), sdisp.data(), out, rcount.data(), rdisp.data(), dt, c, o, r);
+  }, 0);
 }
 
 void ProcessGroupMCCL::abort() {

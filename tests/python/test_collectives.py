@@ -119,3 +119,85 @@ def _async_burst(rank: int, world_size: int) -> str:
 def test_async_burst_in_issue_order():
     digests = check_ok(run_ranks(_async_burst, 3))
     assert len(set(digests)) == 1
+
+
+def _rest_of_surface(rank: int, world_size: int) -> dict:
+    """reduce, reduce_scatter (list and tensor), gather, scatter, all_to_all (single, uneven, list),
+    PREMUL_SUM and the coalesced forms, with exact references."""
+    n = world_size
+    out = {}
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.int8):
+        for name in ("sum", "max", "avg"):
+            if name == "avg" and not dtype.is_floating_point:
+                continue
+            for root in range(n):
+                t = rank_input(rank, 1001, dtype, name)
+                before = t.clone()
+                dist.reduce(t, dst=root, op=OPS[name])
+                if rank == root:
+                    assert torch.equal(t, reference(n, 1001, dtype, name)), f"reduce {name} {dtype} root {root}"
+                else:
+                    assert torch.equal(t, before), "reduce wrote a non-root tensor"
+    # F10: list form, rank q's input_list[j] holds 10q + j; tensor form arange(4n) + 100q.
+    outl = torch.zeros(4)
+    dist.reduce_scatter(outl, [torch.full((4,), 10.0 * rank + j) for j in range(n)])
+    assert torch.equal(outl, torch.full((4,), 10.0 * sum(range(n)) + n * rank))
+    outt = torch.zeros(4)
+    dist.reduce_scatter_tensor(outt, torch.arange(4.0 * n) + 100 * rank)
+    expected = sum(torch.arange(4.0 * n) + 100 * q for q in range(n))[4 * rank:4 * rank + 4]
+    assert torch.equal(outt, expected)
+    for name in ("sum", "avg", "max"):
+        for count in (1, 70001):
+            full = rank_input(rank, count * n, torch.float32, name)
+            got = torch.empty(count, dtype=torch.float32)
+            dist.reduce_scatter_tensor(got, full, op=OPS[name])
+            ref = reference(n, count * n, torch.float32, name)[rank * count:(rank + 1) * count]
+            assert torch.equal(got, ref), f"reduce_scatter_tensor {name} count {count}"
+    # PREMUL_SUM (what FSDP2 sends): factor 1/2 on even integers.
+    premul = dist._make_nccl_premul_sum(0.5)
+    x = torch.full((37,), 2.0 * (rank + 1))
+    dist.all_reduce(x, op=premul)
+    assert torch.equal(x, torch.full((37,), float(sum(r + 1 for r in range(n)))))
+    y = torch.empty(5, dtype=torch.bfloat16)
+    dist.reduce_scatter_tensor(y, torch.full((5 * n,), 2.0 * (rank + 1), dtype=torch.bfloat16), op=premul)
+    assert torch.equal(y, torch.full((5,), float(sum(r + 1 for r in range(n))), dtype=torch.bfloat16))
+    # gather / scatter from the last rank.
+    root = n - 1
+    mine = torch.arange(6, dtype=torch.int32) + 10 * rank
+    bucket = [torch.empty(6, dtype=torch.int32) for _ in range(n)] if rank == root else None
+    dist.gather(mine, bucket, dst=root)
+    if rank == root:
+        for q in range(n):
+            assert torch.equal(bucket[q], torch.arange(6, dtype=torch.int32) + 10 * q)
+    got = torch.empty(3, dtype=torch.float64)
+    dist.scatter(got, [torch.full((3,), float(q)) .double() for q in range(n)] if rank == root else None, src=root)
+    assert torch.equal(got, torch.full((3,), float(rank), dtype=torch.float64))
+    # all_to_all_single, equal splits: element j*k of rank q's input is 100q + j.
+    k = 3
+    src = torch.cat([torch.full((k,), 100 * rank + j, dtype=torch.int64) for j in range(n)])
+    dst = torch.empty(n * k, dtype=torch.int64)
+    dist.all_to_all_single(dst, src)
+    assert torch.equal(dst, torch.cat([torch.full((k,), 100 * q + rank, dtype=torch.int64) for q in range(n)]))
+    # Uneven: rank q sends q + j + 1 rows of width 2 to rank j.
+    in_splits = [rank + j + 1 for j in range(n)]
+    out_splits = [q + rank + 1 for q in range(n)]
+    src = torch.cat([torch.full((s, 2), float(100 * rank + j)) for j, s in enumerate(in_splits)])
+    dst = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(dst, src, out_splits, in_splits)
+    assert torch.equal(dst, torch.cat([torch.full((s, 2), float(100 * q + rank)) for q, s in enumerate(out_splits)]))
+    outs = [torch.empty(q + 1) for q in range(n)]
+    dist.all_to_all(outs, [torch.full((rank + 1,), float(rank * 10 + j)) for j in range(n)])
+    for q in range(n):
+        assert torch.equal(outs[q], torch.full((q + 1,), float(q * 10 + rank)))
+    # Zero-element tensors are no-ops everywhere.
+    empty = torch.empty(0)
+    dist.reduce(empty, dst=0)
+    dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0))
+    dist.all_to_all_single(torch.empty(0), torch.empty(0))
+    out["reduce_scatter"] = digest(outt)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_rest_of_surface_exact(world_size):
+    check_ok(run_ranks(_rest_of_surface, world_size, deadline_s=180))
