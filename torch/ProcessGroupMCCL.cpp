@@ -1,6 +1,7 @@
 // ProcessGroupMCCL.cpp: tensors in, C calls out; see ProcessGroupMCCL.hpp.
 #include "ProcessGroupMCCL.hpp"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -112,8 +113,6 @@ void checkTensor(const at::Tensor& t, const char* op) {
               t.layout());
   TORCH_CHECK(t.device().is_cpu(), "mccl ", op, ": tensor is on device ", t.device(),
               "; this build of mccl moves cpu tensors (call .cpu() or register another device)");
-  TORCH_CHECK(t.is_contiguous(), "mccl ", op, ": tensor is not contiguous (shape ", t.sizes(),
-              ", strides ", t.strides(), "); call .contiguous() first");
   toMcclType(t, op);
 }
 
@@ -151,7 +150,7 @@ void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
   std::exception_ptr eptr;
   if (result == mcclSuccess) {
     try {
-      if (work->postprocess_) work->postprocess_();
+      for (auto& step : work->postprocess_) step();
     } catch (...) {
       eptr = std::current_exception();
     }
@@ -176,6 +175,21 @@ void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
     work->future_->markCompleted(c10::IValue(work->outputs_));
   }
   work->keep_alive_.clear();
+}
+
+void* WorkMCCL::buffer(const at::Tensor& t, bool output, const char* op) {
+  if (output)
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mccl ", op,
+                ": the output tensor has elements that share memory (shape ", t.sizes(), ", strides ",
+                t.strides(), ", e.g. from expand()); it cannot receive a result");
+  if (t.is_contiguous()) {
+    keep_alive_.push_back(t);
+    return t.data_ptr();
+  }
+  at::Tensor staged = t.contiguous();
+  keep_alive_.push_back(staged);
+  if (output) postprocess_.push_back([t, staged]() mutable { t.copy_(staged); });
+  return staged.data_ptr();
 }
 
 bool WorkMCCL::isCompleted() {
@@ -270,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE, "allreduce", tensors);
   mcclComm_t c = comm();
-  void* ptr = t.data_ptr();
+  void* ptr = work->buffer(t, true, "allreduce");
   size_t n = static_cast<size_t>(t.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllReduce(ptr, ptr, n, dt, op, c, o, r);
@@ -287,7 +301,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   mcclDataType_t dt = toMcclType(t, "broadcast");
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::BROADCAST, "broadcast", tensors);
   mcclComm_t c = comm();
-  void* ptr = t.data_ptr();
+  void* ptr = work->buffer(t, true, "broadcast");
   size_t n = static_cast<size_t>(t.numel());
   int root = static_cast<int>(opts.rootRank);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -306,10 +320,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
   mcclDataType_t dt = toMcclType(input, "all_gather_into_tensor");
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
                                             std::vector<at::Tensor>{output});
-  work->keep_alive_ = {input};
   mcclComm_t c = comm();
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
+  const void* in = work->buffer(input, false, "all_gather_into_tensor");
+  void* out = work->buffer(output, true, "all_gather_into_tensor");
   size_t n = static_cast<size_t>(input.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllGather(in, out, n, dt, c, o, r);
@@ -336,15 +349,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   // Gather into one flat buffer, then copy out on the engine thread before completion.
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLGATHER, "all_gather", outs);
-  work->keep_alive_ = {input, flat};
+  work->keep_alive_ = {flat};
   std::vector<at::Tensor> targets = outs;
   int64_t numel = input.numel();
-  work->postprocess_ = [targets, flat, numel]() {
+  work->postprocess_.push_back([targets, flat, numel]() {
     for (size_t i = 0; i < targets.size(); i++)
-      targets[i].view({-1}).copy_(flat.narrow(0, static_cast<int64_t>(i) * numel, numel));
-  };
+      targets[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * numel, numel).view(targets[i].sizes()));
+  });
   mcclComm_t c = comm();
-  const void* in = input.data_ptr();
+  const void* in = work->buffer(input, false, "all_gather");
   void* out = flat.data_ptr();
   size_t n = static_cast<size_t>(numel);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -384,7 +397,7 @@ at::Tensor flatCat(const std::vector<at::Tensor>& ts) {
 void splitInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
   int64_t off = 0;
   for (const auto& t : ts) {
-    t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
     off += t.numel();
   }
 }
@@ -402,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
   work->keep_alive_ = {flat};
   std::vector<at::Tensor> targets = tensors;
-  work->postprocess_ = [flat, targets]() { splitInto(flat, targets); };
+  work->postprocess_.push_back([flat, targets]() { splitInto(flat, targets); });
   mcclComm_t c = comm();
   void* ptr = flat.data_ptr();
   size_t n = static_cast<size_t>(flat.numel());
@@ -422,7 +435,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::REDUCE, "reduce", tensors);
   mcclComm_t c = comm();
-  void* ptr = t.data_ptr();
+  void* ptr = work->buffer(t, true, "reduce");
   size_t n = static_cast<size_t>(t.numel());
   int root = static_cast<int>(opts.rootRank);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -449,14 +462,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced
   std::vector<at::Tensor> targets = outputs;
   std::vector<int64_t> sizes;
   for (const auto& t : inputs) sizes.push_back(t.numel());
-  work->postprocess_ = [flat_out, targets, sizes, n, total]() {
+  work->postprocess_.push_back([flat_out, targets, sizes, n, total]() {
     at::Tensor rows = flat_out.view({n, total});
     int64_t off = 0;
     for (size_t i = 0; i < targets.size(); i++) {
-      targets[i].view({n, sizes[i]}).copy_(rows.narrow(1, off, sizes[i]));
+      targets[i].copy_(rows.narrow(1, off, sizes[i]).reshape(targets[i].sizes()));
       off += sizes[i];
     }
-  };
+  });
   mcclComm_t c = comm();
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();
@@ -488,13 +501,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
   mcclDataType_t dt = toMcclType(input, "gather");
   at::Tensor flat = is_root ? at::empty({getSize() * input.numel()}, input.options()) : at::Tensor();
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::GATHER, "gather", targets);
-  work->keep_alive_ = {input};
   if (is_root) {
     work->keep_alive_.push_back(flat);
-    work->postprocess_ = [flat, targets]() { splitInto(flat, targets); };
+    work->postprocess_.push_back([flat, targets]() { splitInto(flat, targets); });
   }
   mcclComm_t c = comm();
-  const void* in = input.data_ptr();
+  const void* in = work->buffer(input, false, "gather");
   void* out = is_root ? flat.data_ptr() : nullptr;
   size_t n = static_cast<size_t>(input.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -527,7 +539,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
   if (is_root) work->keep_alive_ = {flat};
   mcclComm_t c = comm();
   const void* in = is_root ? flat.data_ptr() : nullptr;
-  void* out = output.data_ptr();
+  void* out = work->buffer(output, true, "scatter");
   size_t n = static_cast<size_t>(output.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclScatter(in, out, n, dt, root, c, o, r);
@@ -547,10 +559,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
                                             std::vector<at::Tensor>{output});
-  work->keep_alive_ = {input};
   mcclComm_t c = comm();
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
+  const void* in = work->buffer(input, false, "reduce_scatter_tensor");
+  void* out = work->buffer(output, true, "reduce_scatter_tensor");
   size_t n = static_cast<size_t>(output.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclReduceScatter(in, out, n, dt, op, c, o, r);
@@ -592,7 +603,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs);
   work->keep_alive_ = {staged, flat_out};
   std::vector<at::Tensor> targets = outputs;
-  work->postprocess_ = [flat_out, targets]() { splitInto(flat_out, targets); };
+  work->postprocess_.push_back([flat_out, targets]() { splitInto(flat_out, targets); });
   mcclComm_t c = comm();
   const void* in = staged.data_ptr();
   void* out = flat_out.data_ptr();
@@ -643,10 +654,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
   auto [rcount, rdisp] = counts(output, outputSplitSizes, "output");
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL_BASE, "all_to_all_single",
                                             std::vector<at::Tensor>{output});
-  work->keep_alive_ = {input};
   mcclComm_t c = comm();
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
+  const void* in = work->buffer(input, false, "all_to_all_single");
+  void* out = work->buffer(output, true, "all_to_all_single");
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllToAllv(in, scount.data(), sdisp.data(), out, rcount.data(), rdisp.data(), dt, c, o, r);
   }, 0);
@@ -678,7 +688,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL, "all_to_all", outputs);
   work->keep_alive_ = {flat_in, flat_out};
   std::vector<at::Tensor> targets = outputs;
-  work->postprocess_ = [flat_out, targets]() { splitInto(flat_out, targets); };
+  work->postprocess_.push_back([flat_out, targets]() { splitInto(flat_out, targets); });
   mcclComm_t c = comm();
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();

@@ -34,13 +34,18 @@ class WorkMCCL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
 
+  // The pointer the C library should read (output=false) or write (output=true) for `t`, kept
+  // alive until completion. A non-contiguous tensor is staged through a contiguous copy, copied
+  // back on the engine thread for outputs. Outputs whose elements overlap (expand()) are refused.
+  void* buffer(const at::Tensor& t, bool output, const char* op);
+
  private:
   friend class ProcessGroupMCCL;
   static void onRelease(void* ctx, mcclResult_t result);
 
   std::vector<at::Tensor> outputs_;       // what the Future completes with
   std::vector<at::Tensor> keep_alive_;    // inputs and staging the engine reads or writes
-  std::function<void()> postprocess_;     // runs on the engine thread before completion
+  std::vector<std::function<void()>> postprocess_;  // engine thread, in order, before completion
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
   mcclRequest_t request_ = nullptr;

@@ -201,3 +201,32 @@ def _rest_of_surface(rank: int, world_size: int) -> dict:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_rest_of_surface_exact(world_size):
     check_ok(run_ranks(_rest_of_surface, world_size, deadline_s=180))
+
+
+def _strided_views(rank: int, world_size: int) -> None:
+    """Non-contiguous tensors and storage offsets give correct results (staged through a copy)."""
+    n = world_size
+    base = torch.arange(24.0).reshape(4, 6) + rank
+    t = base.t()  # non-contiguous, every element moves
+    dist.all_reduce(t)
+    assert torch.equal(t, (torch.arange(24.0).reshape(4, 6) * n + sum(range(n))).t())
+    assert torch.equal(base, t.t())  # the write went into the caller's storage
+    storage = torch.zeros(20)
+    tail = storage[7:]  # storage offset 7
+    tail.copy_(torch.full((13,), float(rank + 1)))
+    dist.all_reduce(tail)
+    assert torch.equal(storage[:7], torch.zeros(7))
+    assert torch.equal(tail, torch.full((13,), float(sum(r + 1 for r in range(n)))))
+    every_other = torch.zeros(10)[::2]
+    if rank == 0:
+        every_other.copy_(torch.arange(5.0))
+    dist.broadcast(every_other, src=0)
+    assert torch.equal(every_other, torch.arange(5.0))
+    out = torch.zeros(n, 3).t()  # a non-contiguous (3, n) output: filled in its logical order
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank)))
+    assert torch.equal(out.reshape(-1), torch.cat([torch.full((3,), float(q)) for q in range(n)]))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_strided_views_and_offsets(world_size):
+    check_ok(run_ranks(_strided_views, world_size))

@@ -25,7 +25,7 @@ def _bad_arguments(rank: int, world_size: int) -> None:
     ok = torch.ones(8)
     cases = [
         (lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), ("unsupported dtype", "Short")),
-        (lambda: dist.all_reduce(torch.ones(4, 4).t()), ("not contiguous",)),
+        (lambda: dist.all_reduce(torch.ones(1).expand(4)), ("share memory", "expand")),
         (lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG), ("avg", "bool")),
         (lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND), ("band", "float32")),
         # torch's frontend skips meta tensors, so hand one to the backend object itself.
