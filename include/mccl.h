@@ -310,6 +310,30 @@ MCCL_API mcclResult_t mcclAllToAllv(const void* sendbuf, const size_t* sendcount
                                     const size_t* rdispls, mcclDataType_t datatype, mcclComm_t comm,
                                     const mcclOpOptions_t* options, mcclRequest_t* request);
 
+/* ---------------------------------------------------------------------------------------------
+ * Point-to-point. Sends and receives are matched per (sender, tag) in the order they were issued
+ * (MPI's non-overtaking rule), outside the collective sequence: uneven point-to-point traffic never
+ * shifts later collectives. They run on the engine alongside collectives, so a receive that waits
+ * does not hold up collectives issued after it. A message that arrives before its receive is
+ * posted is parked in memory until then. The receive's count and dtype must equal the send's
+ * (mcclMismatch otherwise). A receive that no send matches within its timeout fails alone with
+ * mcclTimeout; a send the peer stops reading fails the communicator.
+ * Limitation: a message queued behind frames of a collective the receiver has not issued yet is
+ * reached only once the receiver issues that collective.
+ * ------------------------------------------------------------------------------------------- */
+#define MCCL_ANY_SOURCE (-1)
+
+MCCL_API mcclResult_t mcclSend(const void* buf, size_t count, mcclDataType_t datatype, int peer, int tag,
+                               mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* peer may be MCCL_ANY_SOURCE: the first message with this tag from any rank; mcclRequestSource
+ * then tells which rank sent it. */
+MCCL_API mcclResult_t mcclRecv(void* buf, size_t count, mcclDataType_t datatype, int peer, int tag,
+                               mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* request);
+
+/* The rank a finished receive came from (-1 before it finished, and for other requests). */
+MCCL_API int mcclRequestSource(mcclRequest_t request);
+
 /* Returns on every rank only after every rank has entered it (dissemination over recursive
  * doubling partners, one byte per step). */
 MCCL_API mcclResult_t mcclBarrier(mcclComm_t comm, const mcclOpOptions_t* options,

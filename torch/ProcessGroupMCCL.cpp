@@ -207,6 +207,7 @@ std::exception_ptr WorkMCCL::exception() const {
 std::vector<at::Tensor> WorkMCCL::result() { return outputs_; }
 c10::intrusive_ptr<c10::ivalue::Future> WorkMCCL::getFuture() { return future_; }
 uint64_t WorkMCCL::getSequencenumber() const { return seq_; }
+int WorkMCCL::sourceRank() const { return mcclRequestSource(request_); }
 
 bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
   int64_t ms = timeout == kNoTimeout ? -1 : timeout.count();
@@ -695,6 +696,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllToAllv(in, scount.data(), sdisp.data(), out, rcount.data(), rdisp.data(), dt, c, o, r);
   }, 0);
+}
+
+// Point-to-point: matched per (peer, tag) in issue order, outside the collective sequence.
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const at::Tensor& t = checkSingle(tensors, "send");
+  checkTensor(t, "send");
+  mcclDataType_t dt = toMcclType(t, "send");
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::SEND, "send", tensors);
+  mcclComm_t c = comm();
+  const void* ptr = work->buffer(t, false, "send");
+  size_t n = static_cast<size_t>(t.numel());
+  return launch(work, c10d::kUnsetTimeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclSend(ptr, n, dt, dstRank, tag, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const at::Tensor& t = checkSingle(tensors, "recv");
+  checkTensor(t, "recv");
+  mcclDataType_t dt = toMcclType(t, "recv");
+  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::RECV, "recv", tensors);
+  mcclComm_t c = comm();
+  void* ptr = work->buffer(t, true, "recv");
+  size_t n = static_cast<size_t>(t.numel());
+  return launch(work, c10d::kUnsetTimeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclRecv(ptr, n, dt, srcRank, tag, c, o, r);
+  }, 0);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return recv(tensors, MCCL_ANY_SOURCE, tag);
 }
 
 void ProcessGroupMCCL::abort() {

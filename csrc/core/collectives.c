@@ -158,3 +158,44 @@ MCCL_API mcclResult_t mcclBarrier(mcclComm_t comm, const mcclOpOptions_t* option
   mcclOp o = OP(MCCL_COLL_BARRIER, NULL, NULL, 0, mcclUint8, mcclSum, 0);
   return mcclEngineSubmit(comm, &o, options, request);
 }
+
+/* Point-to-point: validated here, then handed to the engine outside the collective queue. */
+static mcclResult_t p2pSubmit(struct mcclComm* comm, const char* fn, mcclCollKind kind, const void* buf,
+                              size_t count, mcclDataType_t datatype, int peer, int tag,
+                              const mcclOpOptions_t* options, mcclRequest_t* request) {
+  MCCLCHECK(checkCommon(comm, fn, datatype, count, buf, buf));
+  int any_ok = kind == MCCL_COLL_RECV && peer == MCCL_ANY_SOURCE;
+  if (!any_ok && (peer < 0 || peer >= comm->nranks || peer == comm->rank))
+    return argError(comm, mcclInvalidArgument, "%s: peer %d is not another rank of 0..%d", fn, peer, comm->nranks - 1);
+  if (tag < 0) return argError(comm, mcclInvalidArgument, "%s: tag %d is negative", fn, tag);
+  mcclOp o = OP(kind, buf, (void*)buf, count, datatype, mcclSum, peer);
+  struct mcclRequest* req = mcclRequestNew(&o, options, comm->timeout_ms);
+  if (req == NULL) return mcclSystemError;
+  req->peer = peer;
+  req->tag = tag;
+  req->bytes = count * mcclDataTypeSize(datatype);
+  pthread_mutex_lock(&comm->qlock);
+  req->op.seq = comm->next_p2p++;
+  pthread_mutex_unlock(&comm->qlock);
+  if (request != NULL) *request = req; /* the caller's hold; the engine has its own */
+  mcclP2pSubmit(comm, req);
+  if (request != NULL) return mcclSuccess;
+  mcclResult_t res = mcclWait(req, -1);
+  if (res != mcclSuccess) {
+    pthread_mutex_lock(&comm->errlock);
+    snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", req->error);
+    pthread_mutex_unlock(&comm->errlock);
+  }
+  mcclRequestRelease(req);
+  return res;
+}
+
+MCCL_API mcclResult_t mcclSend(const void* buf, size_t count, mcclDataType_t datatype, int peer, int tag,
+                               mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* request) {
+  return p2pSubmit(comm, "mcclSend", MCCL_COLL_SEND, buf, count, datatype, peer, tag, options, request);
+}
+
+MCCL_API mcclResult_t mcclRecv(void* buf, size_t count, mcclDataType_t datatype, int peer, int tag,
+                               mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* request) {
+  return p2pSubmit(comm, "mcclRecv", MCCL_COLL_RECV, buf, count, datatype, peer, tag, options, request);
+}

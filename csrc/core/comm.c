@@ -76,8 +76,10 @@ static mcclResult_t storeGet(const mcclStore_t* store, const char* key, void* bu
 
 /* Everything init allocates is freed by commFree, which tolerates a half-built communicator. */
 static void commFree(struct mcclComm* comm) {
+  mcclP2pFree(comm);
   mcclTransportClose(&comm->tp);
   free(comm->algo.scratch);
+  free(comm->algo.work);
   pthread_mutex_destroy(&comm->qlock);
   pthread_cond_destroy(&comm->qcond);
   pthread_mutex_destroy(&comm->errlock);
@@ -195,6 +197,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     if (res != mcclSuccess) goto fail;
   }
 
+  if (mcclP2pInit(comm) != mcclSuccess) {
+    mcclSetThreadError("mcclCommInitConfig: out of memory");
+    res = mcclSystemError;
+    goto fail;
+  }
   comm->algo.tp = &comm->tp;
   comm->algo.rank = comm->rank;
   comm->algo.nranks = comm->nranks;
@@ -247,6 +254,7 @@ MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
   mcclTransportWake(&comm->tp);
   stopEngine(comm); /* queued requests fail at once: the communicator has an error now */
   mcclTransportFail(&comm->tp, "aborted by its owner");
+  mcclP2pFailAll(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
   commFree(comm);
   return mcclSuccess;
 }

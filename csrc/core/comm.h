@@ -33,7 +33,16 @@ struct mcclRequest {
   int64_t timeout_ms;
   mcclHandoff_t handoff;
   struct mcclRequest* next;       /* queue link, under the communicator's qlock */
+  /* Point-to-point only (p2p.c), engine-owned once posted. */
+  int peer, tag;                  /* peer may be MCCL_ANY_SOURCE for a receive */
+  int source;                     /* the sender of a finished receive, else -1 */
+  size_t bytes, landed;
+  mcclXfer* xfers;                /* a send's frames */
+  int nxfers;
+  int64_t deadline_ns;
 };
+
+struct mcclP2pState;
 
 struct mcclComm {
   int rank, nranks;
@@ -50,11 +59,16 @@ struct mcclComm {
   pthread_cond_t qcond;
   struct mcclRequest *qhead, *qtail;
   uint64_t next_seq;
+  uint64_t next_p2p;              /* numbers point-to-point requests (their own sequence) */
   int stopping;                   /* destroy: finish the queue, then exit */
   pthread_t engine;
   int engine_started;
 
   atomic_int aborted;
+
+  /* Point-to-point: submitted under qlock, then matched and progressed by the engine (p2p.c). */
+  struct mcclRequest *p2p_new_head, *p2p_new_tail;
+  struct mcclP2pState* p2p;
 
   pthread_mutex_t errlock;
   mcclResult_t async_error;
@@ -63,6 +77,19 @@ struct mcclComm {
 
 /* Record the communicator's first fatal error (later ones are logged only). */
 void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg);
+
+/* Requests (engine.c): finish (consumer release, then waiters) and drop one hold. */
+void mcclRequestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg);
+void mcclRequestRelease(struct mcclRequest* req);
+struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* options, int64_t default_timeout_ms);
+
+/* Point-to-point (p2p.c). Init installs the transport hooks; Submit runs on caller threads; the
+ * rest on the engine thread. FailAll finishes every point-to-point request with `res`. */
+mcclResult_t mcclP2pInit(struct mcclComm* comm);
+void mcclP2pFree(struct mcclComm* comm);
+void mcclP2pSubmit(struct mcclComm* comm, struct mcclRequest* req);
+int mcclP2pBusy(struct mcclComm* comm);
+void mcclP2pFailAll(struct mcclComm* comm, mcclResult_t res, const char* msg);
 
 /* Engine thread entry and request submission (engine.c). */
 void* mcclEngineMain(void* arg);

@@ -28,7 +28,7 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg) 
   INFO(MCCL_SUB_COLL, "rank %d: further error after failure: %s", comm->rank, msg);
 }
 
-static void requestRelease(struct mcclRequest* req) {
+void mcclRequestRelease(struct mcclRequest* req) {
   if (atomic_fetch_sub(&req->refs, 1) == 1) {
     free(req->v);
     pthread_mutex_destroy(&req->mu);
@@ -37,7 +37,7 @@ static void requestRelease(struct mcclRequest* req) {
   }
 }
 
-static void requestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg) {
+void mcclRequestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg) {
   pthread_mutex_lock(&req->mu);
   req->result = res;
   snprintf(req->error, sizeof(req->error), "%s", res == mcclSuccess ? "" : msg);
@@ -62,6 +62,8 @@ static mcclResult_t runAlgorithm(struct mcclComm* comm, const mcclOp* op) {
     case MCCL_COLL_GATHER: return mcclAlgoGather(&comm->algo, op);
     case MCCL_COLL_SCATTER: return mcclAlgoScatter(&comm->algo, op);
     case MCCL_COLL_ALLTOALL: return mcclAlgoAllToAll(&comm->algo, op);
+    case MCCL_COLL_SEND:
+    case MCCL_COLL_RECV: break; /* never queued here: p2p.c runs them */
   }
   snprintf(comm->tp.error, sizeof(comm->tp.error), "unknown collective kind %d", (int)op->coll);
   return mcclInternalError;
@@ -90,6 +92,14 @@ static mcclResult_t runPremul(struct mcclComm* comm, struct mcclRequest* req) {
   return res;
 }
 
+/* A fatal error: record it, tell every peer and cut the connections (so that ranks blocked on
+ * this one fail now instead of at their own deadline), and fail all point-to-point work. */
+static void failCommunicator(struct mcclComm* comm, mcclResult_t res, const char* msg) {
+  mcclCommSetError(comm, res, msg);
+  mcclTransportFail(&comm->tp, msg);
+  mcclP2pFailAll(comm, res, msg);
+}
+
 static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   char msg[1024];
   pthread_mutex_lock(&comm->errlock);
@@ -99,7 +109,7 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
              mcclCollName(req->op.coll), (unsigned long long)req->op.seq, comm->error_msg);
   pthread_mutex_unlock(&comm->errlock);
   if (failed != mcclSuccess) {
-    requestFinish(req, failed, msg);
+    mcclRequestFinish(req, failed, msg);
     return;
   }
   int64_t start = mcclNowNs();
@@ -117,18 +127,15 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   if (res == mcclSuccess) {
     TRACE(MCCL_SUB_COLL, "rank %d: done %s #%llu in %.3f ms", comm->rank, mcclCollName(req->op.coll),
           (unsigned long long)req->op.seq, (double)(mcclNowNs() - start) / 1e6);
-    requestFinish(req, mcclSuccess, "");
+    mcclRequestFinish(req, mcclSuccess, "");
     return;
   }
   snprintf(msg, sizeof(msg), "rank %d: %s #%llu (count %zu %s) failed after %.0f ms (timeout %lld ms): %s",
            comm->rank, mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
            mcclDtypeName(req->op.dtype), (double)(mcclNowNs() - start) / 1e6,
            (long long)req->timeout_ms, comm->tp.error);
-  mcclCommSetError(comm, res, msg);
-  /* Tell every peer, then cut the connections, so that ranks blocked on this one fail now
-   * instead of at their own deadline. */
-  mcclTransportFail(&comm->tp, msg);
-  requestFinish(req, res, msg);
+  failCommunicator(comm, res, msg);
+  mcclRequestFinish(req, res, msg);
 }
 
 static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
@@ -138,17 +145,30 @@ void* mcclEngineMain(void* arg) {
   struct mcclComm* comm = arg;
   for (;;) {
     pthread_mutex_lock(&comm->qlock);
-    while (comm->qhead == NULL && !comm->stopping) pthread_cond_wait(&comm->qcond, &comm->qlock);
+    while (comm->qhead == NULL && !comm->stopping && !mcclP2pBusy(comm))
+      pthread_cond_wait(&comm->qcond, &comm->qlock);
     struct mcclRequest* req = comm->qhead;
-    if (req == NULL) { /* stopping and drained */
-      pthread_mutex_unlock(&comm->qlock);
-      break;
+    if (req != NULL) {
+      comm->qhead = req->next;
+      if (comm->qhead == NULL) comm->qtail = NULL;
     }
-    comm->qhead = req->next;
-    if (comm->qhead == NULL) comm->qtail = NULL;
+    int p2p = mcclP2pBusy(comm);
     pthread_mutex_unlock(&comm->qlock);
-    runRequest(comm, req);
-    requestRelease(req);
+    if (req != NULL) {
+      runRequest(comm, req);
+      mcclRequestRelease(req);
+    } else if (p2p) {
+      /* Only point-to-point work: progress it (the round hook posts, retires and times out). */
+      mcclResult_t res = mcclTransportProgress(&comm->tp, mcclNowNs() + 100 * 1000000LL, &comm->aborted);
+      if (res == mcclSuccess && comm->tp.idle) mcclTransportIdleWait(&comm->tp, 100);
+      if (res != mcclSuccess && res != mcclTimeout) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "rank %d: point-to-point traffic failed: %s", comm->rank, comm->tp.error);
+        failCommunicator(comm, res, msg);
+      }
+    } else {
+      break; /* stopping, and nothing is left */
+    }
   }
   return NULL;
 }
@@ -170,33 +190,42 @@ mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
   return submit(comm, op, NULL, options, request);
 }
 
-/* Takes ownership of `v`. */
-static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
-                           const mcclOpOptions_t* options, mcclRequest_t* request) {
+struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* options, int64_t default_timeout_ms) {
   struct mcclRequest* req = calloc(1, sizeof(*req));
   if (req == NULL) {
-    free(v);
     mcclSetThreadError("out of memory for a request");
-    return mcclSystemError;
+    return NULL;
   }
-  req->v = v;
-  atomic_init(&req->refs, 2);
+  atomic_init(&req->refs, 2); /* the caller's hold and the engine's */
   pthread_mutex_init(&req->mu, NULL);
   pthread_cond_init(&req->cv, NULL);
   req->op = *op;
-  req->op.v = v;
-  req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : comm->timeout_ms;
+  req->source = -1;
+  req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : default_timeout_ms;
   if (options && options->handoff) req->handoff = *options->handoff;
   if (options) {
     req->op.algorithm = options->algorithm;
     req->premul_factor = options->premul_factor;
   }
+  return req;
+}
+
+/* Takes ownership of `v`. */
+static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
+                           const mcclOpOptions_t* options, mcclRequest_t* request) {
+  struct mcclRequest* req = mcclRequestNew(op, options, comm->timeout_ms);
+  if (req == NULL) {
+    free(v);
+    return mcclSystemError;
+  }
+  req->v = v;
+  req->op.v = v;
 
   pthread_mutex_lock(&comm->qlock);
   if (comm->stopping) {
     pthread_mutex_unlock(&comm->qlock);
-    requestRelease(req);
-    requestRelease(req);
+    mcclRequestRelease(req);
+    mcclRequestRelease(req);
     mcclSetThreadError("the communicator is being destroyed");
     return mcclInvalidUsage;
   }
@@ -252,8 +281,16 @@ mcclResult_t mcclTest(mcclRequest_t req, int* done) {
 
 uint64_t mcclRequestSeq(mcclRequest_t req) { return req ? req->op.seq : 0; }
 
+int mcclRequestSource(mcclRequest_t req) {
+  if (req == NULL) return -1;
+  pthread_mutex_lock(&req->mu);
+  int src = req->done ? req->source : -1;
+  pthread_mutex_unlock(&req->mu);
+  return src;
+}
+
 const char* mcclRequestError(mcclRequest_t req) { return req ? req->error : ""; }
 
 void mcclRequestFree(mcclRequest_t req) {
-  if (req != NULL) requestRelease(req);
+  if (req != NULL) mcclRequestRelease(req);
 }

@@ -27,6 +27,8 @@ const char* mcclCollName(int coll) {
     case MCCL_COLL_GATHER: return "gather";
     case MCCL_COLL_SCATTER: return "scatter";
     case MCCL_COLL_ALLTOALL: return "alltoall";
+    case MCCL_COLL_SEND: return "send";
+    case MCCL_COLL_RECV: return "recv";
     default: return "unknown-collective";
   }
 }
@@ -354,7 +356,7 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
   x->next = NULL;
   x->done = 0;
   x->complete = 0;
-  x->frame.type = MCCL_FRAME_DATA;
+  if (x->frame.type == 0) x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
   mcclFrameEncode(x->hdr, &x->frame);
   if (c->sq_tail) c->sq_tail->next = x;
@@ -444,66 +446,106 @@ static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got,
   return mcclMismatch;
 }
 
-/* Read into the head receives of `c` until the socket is empty. */
+/* Does `c` have a reader for the bytes that arrive next? A collective header that no posted
+ * receive claims yet stops reading until one is posted (TCP then holds the sender back). */
+static int wantRead(const mcclTransport* t, int peer) {
+  const mcclConn* c = &t->conns[peer];
+  if (c->rq_head != NULL || c->rx_mode == MCCL_RX_P2P || c->rx_mode == MCCL_RX_COLL) return 1;
+  if (c->rx_mode == MCCL_RX_PEEKED) return 0;
+  return t->p2p.wanted != NULL && t->p2p.wanted(t->p2p.ctx, peer);
+}
+
+/* Read and fail with a peer's ABORT reason (bounded in size and time). */
+static mcclResult_t readAbort(mcclTransport* t, int peer, const mcclFrame* got) {
+  mcclConn* c = &t->conns[peer];
+  char reason[MCCL_MAX_ABORT_REASON + 1];
+  size_t want = got->length < MCCL_MAX_ABORT_REASON ? got->length : MCCL_MAX_ABORT_REASON;
+  size_t have = 0;
+  int64_t until = mcclNowNs() + 1000000000LL;
+  while (have < want && mcclNowNs() < until) {
+    ssize_t m = recv(c->fd, reason + have, want - have, MSG_DONTWAIT);
+    if (m > 0) have += (size_t)m;
+    else if (m == 0 || (errno != EAGAIN && errno != EINTR)) break;
+    else {
+      struct pollfd pf = {c->fd, POLLIN, 0};
+      poll(&pf, 1, 10);
+    }
+  }
+  reason[have] = '\0';
+  c->dead = 1;
+  snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", reason);
+  snprintf(t->error, sizeof(t->error), "rank %d (%s) failed: %s", peer, c->addr, reason);
+  return mcclRemoteError;
+}
+
+/* Read from `c` while someone wants its bytes and the socket has them. Frames arrive as a header
+ * then a payload; a DATA header is checked against the head posted receive and its payload read
+ * straight into that receive's buffer; a P2P header asks the owner where the payload goes. */
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
-  while (c->rq_head != NULL) {
-    mcclXfer* x = c->rq_head;
+  static const mcclFrame unknown = {MCCL_FRAME_DATA, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  char sink[4096];
+  while (wantRead(t, peer)) {
+    const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : &unknown);
     ssize_t n;
-    if (x->done < MCCL_FRAME_BYTES) {
-      n = recv(c->fd, x->hdr + x->done, MCCL_FRAME_BYTES - x->done, MSG_DONTWAIT);
+    if (c->rx_mode == MCCL_RX_HEADER) {
+      n = recv(c->fd, c->rhdr + c->rhdr_got, MCCL_FRAME_BYTES - c->rhdr_got, MSG_DONTWAIT);
+    } else if (c->rx_mode == MCCL_RX_PEEKED || c->rx_left == 0) {
+      n = 0; /* no bytes to read: handled below */
     } else {
-      size_t pdone = x->done - MCCL_FRAME_BYTES;
-      n = recv(c->fd, x->buf + pdone, x->bytes - pdone, MSG_DONTWAIT);
+      size_t want = c->rx_dst ? c->rx_left : (c->rx_left < sizeof(sink) ? c->rx_left : sizeof(sink));
+      n = recv(c->fd, c->rx_dst ? c->rx_dst : sink, want, MSG_DONTWAIT);
     }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
-      return peerLost(t, peer, "receiving", &x->frame, errno);
+    int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
+    if (reading) {
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
+        return peerLost(t, peer, "receiving", what, errno);
+      }
+      if (n == 0) return peerLost(t, peer, "receiving", what, 0);
     }
-    if (n == 0) return peerLost(t, peer, "receiving", &x->frame, 0);
-    size_t before = x->done;
-    x->done += (size_t)n;
-    if (before < MCCL_FRAME_BYTES && x->done == MCCL_FRAME_BYTES) {
-      mcclFrame got;
-      if (mcclFrameDecode(x->hdr, &got) != 0) {
-        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame with a bad magic number",
-                 peer, c->addr);
+    if (c->rx_mode == MCCL_RX_HEADER) {
+      c->rhdr_got += (size_t)n;
+      if (c->rhdr_got < MCCL_FRAME_BYTES) continue;
+      c->rhdr_got = 0;
+      if (mcclFrameDecode(c->rhdr, &c->rx_frame) != 0) {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame with a bad magic number", peer, c->addr);
         return mcclProtocolError;
       }
-      if (got.type == MCCL_FRAME_ABORT) {
-        /* The peer failed and says why; read its reason (bounded) and fail with it. */
-        char reason[MCCL_MAX_ABORT_REASON + 1];
-        size_t want = got.length < MCCL_MAX_ABORT_REASON ? got.length : MCCL_MAX_ABORT_REASON;
-        size_t have = 0;
-        int64_t until = mcclNowNs() + 1000000000LL;
-        while (have < want && mcclNowNs() < until) {
-          ssize_t m = recv(c->fd, reason + have, want - have, MSG_DONTWAIT);
-          if (m > 0) have += (size_t)m;
-          else if (m == 0 || (errno != EAGAIN && errno != EINTR)) break;
-          else {
-            struct pollfd pf = {c->fd, POLLIN, 0};
-            poll(&pf, 1, 10);
-          }
-        }
-        reason[have] = '\0';
-        c->dead = 1;
-        snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", reason);
-        snprintf(t->error, sizeof(t->error), "rank %d (%s) failed: %s", peer, c->addr, reason);
-        return mcclRemoteError;
-      }
-      if (got.type != MCCL_FRAME_DATA) {
-        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame of unknown type %u", peer,
-                 c->addr, got.type);
+      if (c->rx_frame.type == MCCL_FRAME_ABORT) return readAbort(t, peer, &c->rx_frame);
+      if (c->rx_frame.type == MCCL_FRAME_P2P && t->p2p.arrive != NULL) {
+        c->rx_mode = MCCL_RX_P2P;
+        c->rx_dst = t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame);
+        c->rx_left = c->rx_frame.length;
+      } else if (c->rx_frame.type == MCCL_FRAME_DATA) {
+        c->rx_mode = MCCL_RX_PEEKED;
+      } else {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame of unexpected type %u", peer,
+                 c->addr, c->rx_frame.type);
         return mcclProtocolError;
       }
-      MCCLCHECK(frameCheck(t, peer, &got, &x->frame));
+    } else if (reading) {
+      if (c->rx_dst) c->rx_dst += n;
+      c->rx_left -= (size_t)n;
     }
-    if (x->done == MCCL_FRAME_BYTES + x->bytes) {
+    if (c->rx_mode == MCCL_RX_PEEKED) {
+      if (c->rq_head == NULL) return mcclSuccess; /* wait for the algorithm to post its receive */
+      MCCLCHECK(frameCheck(t, peer, &c->rx_frame, &c->rq_head->frame));
+      c->rx_mode = MCCL_RX_COLL;
+      c->rx_dst = c->rq_head->buf;
+      c->rx_left = c->rq_head->bytes;
+    }
+    if (c->rx_left > 0) continue;
+    if (c->rx_mode == MCCL_RX_COLL) {
+      mcclXfer* x = c->rq_head;
       x->complete = 1;
       c->rq_head = x->next;
       if (c->rq_head == NULL) c->rq_tail = NULL;
+    } else if (c->rx_mode == MCCL_RX_P2P) {
+      t->p2p.landed(t->p2p.ctx, peer, &c->rx_frame);
     }
+    c->rx_mode = MCCL_RX_HEADER;
   }
   return mcclSuccess;
 }
@@ -513,7 +555,7 @@ static void describeStall(mcclTransport* t) {
     mcclConn* c = &t->conns[r];
     char desc[200];
     if (c->rq_head != NULL) {
-      mcclFrameDescribe(&c->rq_head->frame, desc, sizeof(desc));
+      mcclFrameDescribe(c->rx_mode == MCCL_RX_COLL ? &c->rx_frame : &c->rq_head->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d was waiting for rank %d (%s) to send %s; that rank is "
                "stalled, slower than the timeout, or issued different collectives",
@@ -537,10 +579,21 @@ static void describeStall(mcclTransport* t) {
 }
 
 mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
+  if (t->p2p.round != NULL) t->p2p.round(t->p2p.ctx);
+  /* A header read earlier and held for lack of a posted receive needs no poll once one is
+   * posted: its bytes are already here (an empty frame has no more). */
+  int ready = 0;
+  for (int r = 0; r < t->nranks; r++) {
+    if (t->conns[r].rx_mode == MCCL_RX_PEEKED && t->conns[r].rq_head != NULL) {
+      MCCLCHECK(connRecv(t, r));
+      ready = 1;
+    }
+  }
   int np = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
-    short events = (short)((c->rq_head ? POLLIN : 0) | (c->sq_head ? POLLOUT : 0));
+    if (r == t->rank) continue;
+    short events = (short)((wantRead(t, r) ? POLLIN : 0) | (c->sq_head ? POLLOUT : 0));
     if (events == 0) continue;
     if (c->fd < 0 || c->dead) {
       snprintf(t->error, sizeof(t->error), "rank %d (%s) is no longer connected (%s)", r, c->addr,
@@ -552,13 +605,14 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
     t->pfd_peer[np] = r;
     np++;
   }
+  t->idle = np == 0;
   if (np == 0) return mcclSuccess;
   t->pfds[np].fd = t->wake[0];
   t->pfds[np].events = POLLIN;
   int64_t now = mcclNowNs();
   int64_t wait_ms = (deadline_ns - now + 999999) / 1000000;
   if (wait_ms > 1000) wait_ms = 1000; /* re-check the abort flag at least once a second */
-  if (wait_ms < 0) wait_ms = 0;
+  if (wait_ms < 0 || ready) wait_ms = 0;
   int n = poll(t->pfds, (nfds_t)np + 1, (int)wait_ms);
   if (abort_flag != NULL && atomic_load(abort_flag)) {
     snprintf(t->error, sizeof(t->error), "the communicator was aborted");
@@ -570,7 +624,7 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
     return mcclSystemError;
   }
   if (n == 0) {
-    if (mcclNowNs() >= deadline_ns) {
+    if (!ready && mcclNowNs() >= deadline_ns) {
       describeStall(t);
       return mcclTimeout;
     }
@@ -588,6 +642,14 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
     if (re & (POLLOUT | POLLERR | POLLHUP)) MCCLCHECK(connSend(t, peer));
   }
   return mcclSuccess;
+}
+
+void mcclTransportIdleWait(mcclTransport* t, int timeout_ms) {
+  struct pollfd pf = {t->wake[0], POLLIN, 0};
+  if (t->wake[0] >= 0 && poll(&pf, 1, timeout_ms) > 0) {
+    char drain[64];
+    while (read(t->wake[0], drain, sizeof(drain)) > 0) {}
+  }
 }
 
 void mcclTransportCancel(mcclTransport* t) {

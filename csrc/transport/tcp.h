@@ -35,16 +35,41 @@ typedef struct mcclXfer {
   int complete;
 } mcclXfer;
 
+/* Receive-side state of a connection: what the bytes arriving next are. */
+enum { MCCL_RX_HEADER = 0, MCCL_RX_COLL, MCCL_RX_P2P, MCCL_RX_PEEKED };
+
 typedef struct mcclConn {
   int fd;                         /* -1 for self and for peers not connected */
   char addr[MCCL_ADDR_STRLEN];    /* the peer's published address */
   mcclXfer *sq_head, *sq_tail;    /* sends, in order */
   int send_midframe;              /* the head send is partly written: nothing may cut in */
+  uint8_t rhdr[MCCL_FRAME_BYTES]; /* the frame header being read */
+  size_t rhdr_got;
+  int rx_mode;                    /* MCCL_RX_*: reading a header, a collective payload, a
+                                     point-to-point payload, or holding a collective header that
+                                     no posted receive has claimed yet */
+  mcclFrame rx_frame;             /* the header of the frame being read */
+  char* rx_dst;                   /* where its payload goes (NULL: discarded) */
+  size_t rx_left;
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
   int dead;                       /* 1: the peer or this rank failed, later use is an error;
                                      2: also the peer's end is closed (seen while lingering) */
   char dead_reason[160];
 } mcclConn;
+
+/* Point-to-point frames are not the transport's to match: its owner (the engine) says where each
+ * one goes. All callbacks run on the engine thread, inside mcclTransportProgress. */
+typedef struct {
+  void* ctx;
+  /* A P2P frame's header arrived from `peer`: where its payload goes (NULL: discard it). */
+  char* (*arrive)(void* ctx, int peer, const mcclFrame* f);
+  /* That frame's payload has landed. */
+  void (*landed)(void* ctx, int peer, const mcclFrame* f);
+  /* Nonzero while a receive is posted that frames from `peer` could satisfy. */
+  int (*wanted)(void* ctx, int peer);
+  /* Runs first in every progress round: the owner posts new work and retires finished work. */
+  void (*round)(void* ctx);
+} mcclP2pHooks;
 
 typedef struct mcclTransport {
   int rank, nranks;
@@ -53,6 +78,8 @@ typedef struct mcclTransport {
   struct pollfd* pfds;            /* scratch for mcclTransportProgress, nranks + 1 */
   int* pfd_peer;
   char self_addr[MCCL_ADDR_STRLEN];
+  mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
+  int idle;                       /* the last progress round had nothing to poll */
   char error[768];                /* why the last call failed */
 } mcclTransport;
 
@@ -79,6 +106,9 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
  * is set, or the error of a peer (mcclRemoteError, mcclMismatch, mcclProtocolError,
  * mcclSystemError) with t->error saying which peer and which frame. */
 mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag);
+
+/* Sleep until mcclTransportWake or `timeout_ms` (for an owner whose work all waits on others). */
+void mcclTransportIdleWait(mcclTransport* t, int timeout_ms);
 
 /* Forget every posted transfer (after an error: their buffers are no longer referenced). */
 void mcclTransportCancel(mcclTransport* t);

@@ -18,6 +18,7 @@
  *   36 step u32   40 root u32   44 reserved u32
  *
  * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing.
+ * A frame of type P2P belongs to a send/recv message (see the frame types below).
  */
 #ifndef MCCL_WIRE_H_
 #define MCCL_WIRE_H_
@@ -33,7 +34,11 @@
 #define MCCL_MAX_ABORT_REASON 512
 
 enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2 };
-enum { MCCL_FRAME_DATA = 1, MCCL_FRAME_ABORT = 2 };
+/* DATA: a collective's frame, matched in order against the receives the algorithm posted.
+ * P2P: a point-to-point message's frame (root = tag, count = the message's elements, offset and
+ * length locate the payload in it), matched by (sender, tag) outside the collective order.
+ * ABORT: the sender failed; the payload is its reason. */
+enum { MCCL_FRAME_DATA = 1, MCCL_FRAME_ABORT = 2, MCCL_FRAME_P2P = 3 };
 
 /* Collective kinds, as carried in frames. */
 typedef enum {
@@ -46,6 +51,8 @@ typedef enum {
   MCCL_COLL_GATHER = 7,
   MCCL_COLL_SCATTER = 8,
   MCCL_COLL_ALLTOALL = 9,
+  MCCL_COLL_SEND = 10,     /* point-to-point: not in the collective order */
+  MCCL_COLL_RECV = 11,
 } mcclCollKind;
 
 typedef struct {

@@ -230,3 +230,54 @@ def _strided_views(rank: int, world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_strided_views_and_offsets(world_size):
     check_ok(run_ranks(_strided_views, world_size))
+
+
+def _point_to_point(rank: int, world_size: int) -> None:
+    """F19's send of [1, 2, 3], uneven traffic, irecv before a collective, any-source, batch_isend_irecv."""
+    n = world_size
+    right, left = (rank + 1) % n, (rank - 1) % n
+    if rank == 0:
+        dist.send(torch.tensor([1, 2, 3]), dst=1)
+    elif rank == 1:
+        got = torch.zeros(3, dtype=torch.int64)
+        dist.recv(got, src=0)
+        assert torch.equal(got, torch.tensor([1, 2, 3]))
+    # Uneven: rank r sends r + 1 messages to its right; collectives in between stay in step.
+    works = [dist.isend(torch.full((1000 * k + 1,), float(rank * 10 + k)), dst=right, tag=3) for k in range(rank + 1)]
+    dist.all_reduce(torch.ones(4))
+    for k in range(left + 1):
+        buf = torch.empty(1000 * k + 1)
+        dist.recv(buf, src=left, tag=3)
+        assert torch.equal(buf, torch.full_like(buf, float(left * 10 + k)))
+    for w in works:
+        w.wait()
+    # A receive posted before an all-reduce whose matching send comes after it.
+    got = torch.empty(2)
+    req = dist.irecv(got, src=left, tag=7)
+    x = torch.ones(5)
+    dist.all_reduce(x)
+    dist.send(torch.full((2,), float(rank)), dst=right, tag=7)
+    req.wait()
+    assert torch.equal(got, torch.full((2,), float(left))) and torch.equal(x, torch.full((5,), float(n)))
+    # Any source: everyone tells rank 0 its rank.
+    if rank == 0:
+        seen = set()
+        for _ in range(n - 1):
+            buf = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(buf, tag=9)
+            assert src == buf.item()
+            seen.add(src)
+        assert seen == set(range(1, n))
+    else:
+        dist.send(torch.tensor([rank]), dst=0, tag=9)
+    # batch_isend_irecv, as pipeline-parallel code uses it.
+    out = torch.empty(4)
+    ops = [dist.P2POp(dist.isend, torch.full((4,), float(rank)), right), dist.P2POp(dist.irecv, out, left)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(out, torch.full((4,), float(left)))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_point_to_point(world_size):
+    check_ok(run_ranks(_point_to_point, world_size))

@@ -1,0 +1,341 @@
+/*
+ * p2p.c: send and receive, matched per (sender, tag) in issue order, outside the collective
+ * sequence.
+ *
+ * A send becomes frames of type P2P on the peer's send queue (all at once, so they travel
+ * contiguously). On the receiving side the transport hands every P2P header to p2pArrive: the
+ * first frame of a message (offset 0) is matched against the posted receives in posting order
+ * (a receive from MCCL_ANY_SOURCE matches any sender); if none matches, the message is parked in
+ * a buffer of its own until a receive claims it. Later frames of the message follow the first
+ * on the same connection, so each peer has one "current" message at a time.
+ *
+ * Threading: caller threads only append to comm->p2p_new_* under qlock (mcclP2pSubmit). All
+ * state below is the engine thread's; p2pRound runs at the start of every progress round, both
+ * inside collectives and when the engine has nothing but point-to-point work.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/comm.h"
+#include "core/debug.h"
+#include "device/handoff.h"
+
+typedef struct mcclParked {
+  int peer, tag;
+  mcclDataType_t dtype;
+  size_t count, bytes, landed;
+  char* buf;
+  struct mcclRequest* claim; /* a receive that matched it before it fully arrived */
+  struct mcclParked* next;
+} mcclParked;
+
+enum { CUR_NONE = 0, CUR_RECV, CUR_PARKED, CUR_DISCARD };
+
+struct mcclP2pState {
+  struct mcclRequest* recvs;  /* posted receives not matched yet, in posting order */
+  struct mcclRequest* active; /* sends in flight and matched receives still landing */
+  mcclParked* parked;         /* unclaimed messages, in arrival order */
+  int* cur_kind;              /* [nranks]: the message now arriving from each peer */
+  void** cur;
+  uint64_t* send_seq;         /* [nranks]: messages sent to each peer (frame seq, for logs) */
+  int* posted_from;           /* [nranks]: unmatched receives naming each peer */
+  int posted_any;             /* unmatched MCCL_ANY_SOURCE receives */
+};
+
+static void listRemove(struct mcclRequest** head, struct mcclRequest* req) {
+  for (struct mcclRequest** p = head; *p != NULL; p = &(*p)->next)
+    if (*p == req) {
+      *p = req->next;
+      req->next = NULL;
+      return;
+    }
+}
+
+static void listAppend(struct mcclRequest** head, struct mcclRequest* req) {
+  req->next = NULL;
+  struct mcclRequest** p = head;
+  while (*p != NULL) p = &(*p)->next;
+  *p = req;
+}
+
+static void finish(struct mcclRequest* req, mcclResult_t res, const char* msg) {
+  free(req->xfers);
+  req->xfers = NULL;
+  mcclRequestFinish(req, res, msg);
+  mcclRequestRelease(req); /* the engine's hold */
+}
+
+static void unposted(struct mcclP2pState* st, struct mcclRequest* req) {
+  if (req->peer == MCCL_ANY_SOURCE) st->posted_any--;
+  else st->posted_from[req->peer]--;
+}
+
+/* Same element type and count on both ends, or a mismatch naming both. */
+static int sizesAgree(struct mcclComm* comm, struct mcclRequest* req, int from, mcclDataType_t dt,
+                      size_t count) {
+  if (req->op.dtype == dt && req->op.count == count) return 1;
+  char msg[400];
+  snprintf(msg, sizeof(msg),
+           "recv mismatch: rank %d sent %zu %s elements with tag %d, but rank %d's recv #%llu "
+           "expects %zu %s elements",
+           from, count, mcclDtypeName(dt), req->tag, comm->rank, (unsigned long long)req->op.seq,
+           req->op.count, mcclDtypeName(req->op.dtype));
+  finish(req, mcclMismatch, msg);
+  return 0;
+}
+
+static void deliverParked(struct mcclComm* comm, mcclParked* m, struct mcclRequest* req) {
+  if (m->bytes) memcpy(req->op.recvbuf, m->buf, m->bytes);
+  req->source = m->peer;
+  finish(req, mcclSuccess, "");
+  (void)comm;
+}
+
+static void freeParked(struct mcclP2pState* st, mcclParked* m) {
+  for (mcclParked** p = &st->parked; *p != NULL; p = &(*p)->next)
+    if (*p == m) {
+      *p = m->next;
+      break;
+    }
+  free(m->buf);
+  free(m);
+}
+
+/* A receive is posted: take the oldest parked message it matches, or wait in the posted list. */
+static void postRecv(struct mcclComm* comm, struct mcclRequest* req) {
+  struct mcclP2pState* st = comm->p2p;
+  for (mcclParked* m = st->parked; m != NULL; m = m->next) {
+    if (m->claim != NULL || m->tag != req->tag || (req->peer != MCCL_ANY_SOURCE && req->peer != m->peer))
+      continue;
+    if (!sizesAgree(comm, req, m->peer, m->dtype, m->count)) {
+      if (m->landed == m->bytes) freeParked(st, m);
+      return;
+    }
+    if (m->landed == m->bytes) {
+      deliverParked(comm, m, req);
+      freeParked(st, m);
+    } else {
+      m->claim = req; /* delivered when its last frame lands */
+    }
+    return;
+  }
+  listAppend(&st->recvs, req);
+  if (req->peer == MCCL_ANY_SOURCE) st->posted_any++;
+  else st->posted_from[req->peer]++;
+}
+
+static void postSend(struct mcclComm* comm, struct mcclRequest* req) {
+  struct mcclP2pState* st = comm->p2p;
+  mcclResult_t res = mcclHandoffProducerWait(&req->handoff, req->timeout_ms);
+  if (res != mcclSuccess) {
+    finish(req, res, "the producer of the send buffer did not finish");
+    return;
+  }
+  size_t seg = comm->algo.segment_bytes;
+  int n = req->bytes == 0 ? 1 : (int)((req->bytes + seg - 1) / seg);
+  req->xfers = calloc((size_t)n, sizeof(mcclXfer));
+  if (req->xfers == NULL) {
+    finish(req, mcclSystemError, "out of memory for the frames of a send");
+    return;
+  }
+  req->nxfers = n;
+  uint64_t seq = st->send_seq[req->peer]++;
+  for (int i = 0; i < n; i++) {
+    mcclXfer* x = &req->xfers[i];
+    size_t off = (size_t)i * seg, len = req->bytes - off < seg ? req->bytes - off : seg;
+    if (req->bytes == 0) len = 0;
+    x->frame.type = MCCL_FRAME_P2P;
+    x->frame.coll = MCCL_COLL_SEND;
+    x->frame.dtype = (uint8_t)req->op.dtype;
+    x->frame.seq = seq;
+    x->frame.count = req->op.count;
+    x->frame.offset = off;
+    x->frame.root = (uint32_t)req->tag;
+    x->buf = (char*)req->op.sendbuf + off;
+    x->bytes = len;
+    mcclTransportPostSend(&comm->tp, req->peer, x);
+  }
+  listAppend(&st->active, req);
+}
+
+/* Start of every progress round: post what callers submitted, retire finished sends, time out
+ * receives nobody sent to. */
+static void p2pRound(void* ctx) {
+  struct mcclComm* comm = ctx;
+  struct mcclP2pState* st = comm->p2p;
+  pthread_mutex_lock(&comm->qlock);
+  struct mcclRequest* fresh = comm->p2p_new_head;
+  comm->p2p_new_head = comm->p2p_new_tail = NULL;
+  pthread_mutex_unlock(&comm->qlock);
+  while (fresh != NULL) {
+    struct mcclRequest* req = fresh;
+    fresh = fresh->next;
+    req->next = NULL;
+    req->deadline_ns = mcclNowNs() + req->timeout_ms * 1000000LL;
+    if (req->op.coll == MCCL_COLL_SEND) postSend(comm, req);
+    else postRecv(comm, req);
+  }
+  int64_t now = mcclNowNs();
+  for (struct mcclRequest *req = st->active, *next; req != NULL; req = next) {
+    next = req->next;
+    if (req->op.coll != MCCL_COLL_SEND) continue;
+    int done = 1;
+    for (int i = 0; i < req->nxfers && done; i++) done = req->xfers[i].complete;
+    if (done) {
+      listRemove(&st->active, req);
+      finish(req, mcclSuccess, "");
+    }
+  }
+  for (struct mcclRequest *req = st->recvs, *next; req != NULL; req = next) {
+    next = req->next;
+    if (now < req->deadline_ns) continue;
+    listRemove(&st->recvs, req);
+    unposted(st, req);
+    char msg[300];
+    if (req->peer == MCCL_ANY_SOURCE)
+      snprintf(msg, sizeof(msg), "recv (tag %d, any source) timed out after %lld ms: no rank sent a matching message",
+               req->tag, (long long)req->timeout_ms);
+    else
+      snprintf(msg, sizeof(msg), "recv from rank %d (%s) with tag %d timed out after %lld ms: no matching send arrived",
+               req->peer, comm->tp.conns[req->peer].addr, req->tag, (long long)req->timeout_ms);
+    finish(req, mcclTimeout, msg);
+  }
+}
+
+static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
+  struct mcclComm* comm = ctx;
+  struct mcclP2pState* st = comm->p2p;
+  mcclDataType_t dt = (mcclDataType_t)f->dtype;
+  size_t esz = mcclDataTypeSize(dt);
+  if (f->offset == 0) {
+    int tag = (int)f->root;
+    struct mcclRequest* req = st->recvs;
+    while (req != NULL && !(req->tag == tag && (req->peer == MCCL_ANY_SOURCE || req->peer == peer))) req = req->next;
+    st->cur_kind[peer] = CUR_DISCARD;
+    if (req != NULL) {
+      listRemove(&st->recvs, req);
+      unposted(st, req);
+      if (sizesAgree(comm, req, peer, dt, (size_t)f->count)) {
+        req->source = peer;
+        req->landed = 0;
+        listAppend(&st->active, req);
+        st->cur_kind[peer] = CUR_RECV;
+        st->cur[peer] = req;
+      }
+    } else {
+      mcclParked* m = calloc(1, sizeof(*m));
+      size_t bytes = (size_t)f->count * esz;
+      if (m != NULL && (bytes == 0 || (m->buf = malloc(bytes)) != NULL)) {
+        m->peer = peer;
+        m->tag = tag;
+        m->dtype = dt;
+        m->count = (size_t)f->count;
+        m->bytes = bytes;
+        mcclParked** p = &st->parked;
+        while (*p != NULL) p = &(*p)->next;
+        *p = m;
+        st->cur_kind[peer] = CUR_PARKED;
+        st->cur[peer] = m;
+      } else {
+        free(m);
+        WARN("rank %d: out of memory parking a %zu-byte message from rank %d; it is dropped", comm->rank, bytes, peer);
+      }
+    }
+  }
+  switch (st->cur_kind[peer]) {
+    case CUR_RECV: return (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset;
+    case CUR_PARKED: return ((mcclParked*)st->cur[peer])->buf + f->offset;
+    default: return NULL;
+  }
+}
+
+static void p2pLanded(void* ctx, int peer, const mcclFrame* f) {
+  struct mcclComm* comm = ctx;
+  struct mcclP2pState* st = comm->p2p;
+  size_t total = (size_t)f->count * mcclDataTypeSize((mcclDataType_t)f->dtype);
+  int last = f->offset + f->length >= total;
+  if (st->cur_kind[peer] == CUR_RECV && last) {
+    struct mcclRequest* req = st->cur[peer];
+    listRemove(&st->active, req);
+    finish(req, mcclSuccess, "");
+  } else if (st->cur_kind[peer] == CUR_PARKED) {
+    mcclParked* m = st->cur[peer];
+    m->landed += f->length;
+    if (last && m->claim != NULL) {
+      deliverParked(comm, m, m->claim);
+      freeParked(st, m);
+    }
+  }
+  if (last) st->cur_kind[peer] = CUR_NONE;
+}
+
+static int p2pWanted(void* ctx, int peer) {
+  struct mcclP2pState* st = ((struct mcclComm*)ctx)->p2p;
+  return st->posted_any > 0 || st->posted_from[peer] > 0 || st->cur_kind[peer] != CUR_NONE;
+}
+
+mcclResult_t mcclP2pInit(struct mcclComm* comm) {
+  struct mcclP2pState* st = calloc(1, sizeof(*st));
+  size_t n = (size_t)comm->nranks;
+  if (st == NULL) return mcclSystemError;
+  st->cur_kind = calloc(n, sizeof(int));
+  st->cur = calloc(n, sizeof(void*));
+  st->send_seq = calloc(n, sizeof(uint64_t));
+  st->posted_from = calloc(n, sizeof(int));
+  comm->p2p = st;
+  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from) return mcclSystemError;
+  comm->tp.p2p = (mcclP2pHooks){comm, p2pArrive, p2pLanded, p2pWanted, p2pRound};
+  return mcclSuccess;
+}
+
+int mcclP2pBusy(struct mcclComm* comm) {
+  struct mcclP2pState* st = comm->p2p;
+  return comm->p2p_new_head != NULL || st->recvs != NULL || st->active != NULL;
+}
+
+void mcclP2pFailAll(struct mcclComm* comm, mcclResult_t res, const char* msg) {
+  struct mcclP2pState* st = comm->p2p;
+  if (st == NULL) return;
+  pthread_mutex_lock(&comm->qlock);
+  struct mcclRequest* fresh = comm->p2p_new_head;
+  comm->p2p_new_head = comm->p2p_new_tail = NULL;
+  pthread_mutex_unlock(&comm->qlock);
+  struct mcclRequest* lists[3] = {fresh, st->recvs, st->active};
+  st->recvs = st->active = NULL;
+  for (int k = 0; k < 3; k++)
+    for (struct mcclRequest *req = lists[k], *next; req != NULL; req = next) {
+      next = req->next;
+      finish(req, res, msg);
+    }
+  for (mcclParked* m = st->parked; m != NULL; m = m->next)
+    if (m->claim != NULL) {
+      finish(m->claim, res, msg);
+      m->claim = NULL;
+    }
+  memset(st->posted_from, 0, sizeof(int) * (size_t)comm->nranks);
+  memset(st->cur_kind, 0, sizeof(int) * (size_t)comm->nranks);
+  st->posted_any = 0;
+}
+
+void mcclP2pFree(struct mcclComm* comm) {
+  struct mcclP2pState* st = comm->p2p;
+  if (st == NULL) return;
+  while (st->parked != NULL) freeParked(st, st->parked);
+  free(st->cur_kind);
+  free(st->cur);
+  free(st->send_seq);
+  free(st->posted_from);
+  free(st);
+  comm->p2p = NULL;
+}
+
+void mcclP2pSubmit(struct mcclComm* comm, struct mcclRequest* req) {
+  pthread_mutex_lock(&comm->qlock);
+  if (comm->p2p_new_tail) comm->p2p_new_tail->next = req;
+  else comm->p2p_new_head = req;
+  comm->p2p_new_tail = req;
+  pthread_cond_signal(&comm->qcond);
+  pthread_mutex_unlock(&comm->qlock);
+  mcclTransportWake(&comm->tp);
+}

@@ -1,0 +1,116 @@
+/*
+ * test_p2p.c: send/recv matched per (sender, tag) in order and independent of the collective
+ * sequence: uneven point-to-point traffic, messages parked before their receive is posted, any-
+ * source receives, receives posted before collectives that the send follows, size mismatches and
+ * a receive that times out alone.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  const size_t big = (1u << 20) + 7; /* several frames per message */
+  /* 1. Ring of uneven traffic: rank r sends r + 1 messages of growing size to r + 1 (tag 5),
+   * interleaved with all-reduces that only some ranks' traffic precedes. */
+  int right = (r + 1) % n, left = (r - 1 + n) % n;
+  if (n > 1) {
+    mcclRequest_t sends[16];
+    int32_t* bufs[16];
+    for (int k = 0; k <= r; k++) { /* all in flight at once; buffers live until the waits below */
+      size_t count = k == r ? big : (size_t)(k * 100 + 1);
+      bufs[k] = malloc(count * 4);
+      for (size_t i = 0; i < count; i++) bufs[k][i] = r * 1000000 + k * 1000 + (int32_t)(i % 1000);
+      EXPECT_OK(comm, mcclSend(bufs[k], count, mcclInt32, right, 5, comm, NULL, &sends[k]));
+    }
+    /* This all-reduce's frames queue behind the big messages: receivers park those to reach it. */
+    float f = 1;
+    EXPECT_OK(comm, mcclAllReduce(&f, &f, 1, mcclFloat32, mcclSum, comm, NULL, NULL));
+    EXPECT(f == (float)n, "all-reduce between p2p: %g", f);
+    usleep(20000 * (useconds_t)r); /* receives posted late: the messages were parked */
+    for (int k = 0; k <= left; k++) {
+      size_t count = k == left ? big : (size_t)(k * 100 + 1);
+      int32_t* buf = malloc(count * 4);
+      EXPECT_OK(comm, mcclRecv(buf, count, mcclInt32, left, 5, comm, NULL, NULL));
+      size_t bad = 0;
+      for (size_t i = 0; i < count; i++) bad += buf[i] != left * 1000000 + k * 1000 + (int32_t)(i % 1000);
+      EXPECT(bad == 0, "rank %d message %d from %d: %zu wrong", r, k, left, bad);
+      free(buf);
+    }
+    for (int k = 0; k <= r; k++) {
+      mcclResult_t wres = mcclWait(sends[k], 30000);
+      EXPECT(wres == mcclSuccess, "send %d: %s: %s", k, mcclGetErrorString(wres), mcclRequestError(sends[k]));
+      mcclRequestFree(sends[k]);
+      free(bufs[k]);
+    }
+  }
+  /* 2. Any-source: every rank sends its rank to rank 0 with tag 9; rank 0 learns who sent what. */
+  if (n > 1) {
+    if (r != 0) {
+      int64_t v = r;
+      EXPECT_OK(comm, mcclSend(&v, 1, mcclInt64, 0, 9, comm, NULL, NULL));
+    } else {
+      int seen = 0;
+      for (int k = 1; k < n; k++) {
+        int64_t v = -1;
+        mcclRequest_t req;
+        EXPECT_OK(comm, mcclRecv(&v, 1, mcclInt64, MCCL_ANY_SOURCE, 9, comm, NULL, &req));
+        EXPECT(mcclWait(req, 30000) == mcclSuccess, "any-source recv: %s", mcclRequestError(req));
+        EXPECT(mcclRequestSource(req) == (int)v, "source %d but payload %lld", mcclRequestSource(req), (long long)v);
+        seen |= 1 << v;
+        mcclRequestFree(req);
+      }
+      EXPECT(seen == ((1 << n) - 2), "any-source receives saw ranks %x", seen);
+    }
+  }
+  /* 3. A receive posted before a collective, whose send is issued after that collective: the
+   * receive must not hold the collective up. */
+  if (n > 1) {
+    int64_t got = -1, mine = 40 + r;
+    mcclRequest_t rq;
+    EXPECT_OK(comm, mcclRecv(&got, 1, mcclInt64, left, 11, comm, NULL, &rq));
+    float f = 2;
+    EXPECT_OK(comm, mcclAllReduce(&f, &f, 1, mcclFloat32, mcclSum, comm, NULL, NULL));
+    EXPECT_OK(comm, mcclSend(&mine, 1, mcclInt64, right, 11, comm, NULL, NULL));
+    EXPECT(mcclWait(rq, 30000) == mcclSuccess, "recv: %s", mcclRequestError(rq));
+    EXPECT(got == 40 + left, "got %lld", (long long)got);
+    mcclRequestFree(rq);
+  }
+  /* 4. Size mismatch fails that receive only; a receive nobody sends to times out alone. */
+  if (n > 1) {
+    int32_t three[3] = {1, 2, 3}, four[4];
+    EXPECT_OK(comm, mcclSend(three, 3, mcclInt32, right, 13, comm, NULL, NULL));
+    mcclResult_t res = mcclRecv(four, 4, mcclInt32, left, 13, comm, NULL, NULL);
+    EXPECT(res == mcclMismatch, "size mismatch gave %s", mcclGetErrorString(res));
+    EXPECT(strstr(mcclGetLastError(comm), "expects 4") != NULL, "message: %s", mcclGetLastError(comm));
+    mcclOpOptions_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.timeout_ms = 300;
+    res = mcclRecv(four, 4, mcclInt32, left, 99, comm, &opts, NULL);
+    EXPECT(res == mcclTimeout, "lonely recv gave %s", mcclGetErrorString(res));
+    float f = 3;
+    EXPECT_OK(comm, mcclAllReduce(&f, &f, 1, mcclFloat32, mcclSum, comm, NULL, NULL));
+    EXPECT(f == 3.0f * (float)n, "all-reduce after p2p errors: %g", f);
+  }
+  int32_t x = 0;
+  EXPECT(mcclSend(&x, 1, mcclInt32, r, 0, comm, NULL, NULL) == mcclInvalidArgument, "send to self");
+  EXPECT(mcclRecv(&x, 1, mcclInt32, n, 0, comm, NULL, NULL) == mcclInvalidArgument, "recv from rank n");
+  EXPECT(mcclSend(&x, 1, mcclInt32, 0, -1, comm, NULL, NULL) == mcclInvalidArgument, "negative tag");
+  EXPECT_OK(comm, mcclCommDestroy(comm));
+  return 0;
+}
+
+int main(void) {
+  int lo = getenv("P2P_N") ? atoi(getenv("P2P_N")) : 1, hi = getenv("P2P_N") ? lo : 5;
+  for (int n = lo; n <= hi; n++) {
+    int before = harness_failures;
+    harnessRunRanks(n, 120, rankMain, NULL);
+    printf("send/recv on %d rank%s: %s\n", n, n == 1 ? "" : "s", harness_failures == before ? "ok" : "FAILED");
+    fflush(stdout);
+  }
+  return harnessExit("test_p2p");
+}
