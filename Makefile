@@ -39,6 +39,7 @@ $(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h $(BUILD)/libmccl.
 
 # Each C test binary runs in its own process with a deadline (tests/c/run_tests.sh).
 ctest: $(TEST_BINS)
+	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
 	tests/c/run_tests.sh $(TEST_BINS)
 
 clean:
@@ -53,8 +54,13 @@ $(VENV)/.installed: requirements.txt
 
 venv: $(VENV)/.installed
 
-install: venv lib
+# The extension is rebuilt only when the shim, the library or the packaging changed.
+$(VENV)/.mccl-built: $(VENV)/.installed $(BUILD)/libmccl.a $(wildcard torch/*.cpp torch/*.hpp) setup.py pyproject.toml
+	@echo "building the PyTorch extension (mccl._C; a minute or two on 2 cores)"
 	$(VENV)/bin/pip install -q --no-build-isolation -e .
+	touch $@
+
+install: venv lib $(VENV)/.mccl-built
 
 train: install
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 4 examples/train.py

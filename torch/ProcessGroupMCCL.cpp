@@ -10,6 +10,12 @@
 namespace mccl {
 namespace {
 
+// A store failure's message without the C++ backtrace c10::Error carries.
+const char* brief(const std::exception& e) {
+  auto* err = dynamic_cast<const c10::Error*>(&e);
+  return err ? err->what_without_backtrace() : e.what();
+}
+
 // ---- the bootstrap store: c10d::Store behind mcclStore_t ----------------------------------
 
 mcclResult_t storeSet(void* ctx, const char* key, const void* value, size_t len) {
@@ -18,7 +24,7 @@ mcclResult_t storeSet(void* ctx, const char* key, const void* value, size_t len)
     static_cast<c10d::Store*>(ctx)->set(key, std::vector<uint8_t>(bytes, bytes + len));
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store set('", key, "') failed: ", e.what());
+    TORCH_WARN("mccl: store set('", key, "') failed: ", brief(e));
     return mcclRemoteError;
   }
 }
@@ -28,7 +34,7 @@ mcclResult_t storeWait(void* ctx, const char* key, int64_t timeout_ms) {
     static_cast<c10d::Store*>(ctx)->wait({key}, std::chrono::milliseconds(timeout_ms));
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store wait('", key, "') failed: ", e.what());
+    TORCH_WARN("mccl: store wait('", key, "') failed: ", brief(e));
     return mcclTimeout;
   }
 }
@@ -43,7 +49,7 @@ mcclResult_t storeGet(void* ctx, const char* key, void* buf, size_t cap, size_t*
     std::memcpy(buf, v.data(), std::min(cap, v.size()));
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store get('", key, "') failed: ", e.what());
+    TORCH_WARN("mccl: store get('", key, "') failed: ", brief(e));
     return mcclTimeout;
   }
 }
@@ -53,7 +59,7 @@ mcclResult_t storeAdd(void* ctx, const char* key, int64_t delta, int64_t* result
     *result = static_cast<c10d::Store*>(ctx)->add(key, delta);
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store add('", key, "') failed: ", e.what());
+    TORCH_WARN("mccl: store add('", key, "') failed: ", brief(e));
     return mcclRemoteError;
   }
 }
@@ -273,6 +279,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
     throwMccl(res, work->name_, mcclGetLastError(comm_));
   }
   work->seq_ = mcclRequestSeq(work->request_);
+  if (!c10d::isP2POp(work->retrieveOpType()))
+    next_seq_ = work->seq_ + 1;
   return work;
 }
 

@@ -6,6 +6,7 @@
 // the output tensor list, as DDP expects. The Work keeps every tensor it touches alive until then.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -110,6 +111,11 @@ class ProcessGroupMCCL : public c10d::Backend {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
+  // The collective sequence number (what the C library stamps on every frame): the next
+  // collective this group issues gets getSequenceNumberForGroup(). Set once, at construction.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return next_seq_; }
+
   void abort() override;
   void shutdown() override;
 
@@ -123,6 +129,7 @@ class ProcessGroupMCCL : public c10d::Backend {
   mcclComm_t comm_ = nullptr;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> next_seq_{0};
 };
 
 }  // namespace mccl

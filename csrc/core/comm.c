@@ -207,8 +207,6 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->algo.nranks = comm->nranks;
   comm->algo.abort_flag = &comm->aborted;
   comm->algo.segment_bytes = (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
-  if (comm->algo.segment_bytes < 4096) comm->algo.segment_bytes = 4096;
-  if (comm->algo.segment_bytes > (1u << 30)) comm->algo.segment_bytes = 1u << 30;
   comm->algo.depth = (int)mcclParamInt("MCCL_PIPELINE_DEPTH");
   comm->algo.ring_threshold = (size_t)mcclParamInt("MCCL_RING_THRESHOLD");
 
@@ -243,6 +241,13 @@ static void stopEngine(struct mcclComm* comm) {
 MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
   if (comm == NULL) return mcclInvalidArgument;
   stopEngine(comm);
+  char peers[256];
+  mcclResult_t failed = mcclSuccess;
+  mcclCommGetAsyncError(comm, &failed);
+  if (failed == mcclSuccess && mcclTransportUnread(&comm->tp, peers, sizeof(peers)) > 0)
+    WARN("rank %d: communicator '%s' destroyed with frames from rank %s never read: the ranks "
+         "issued different collectives (for example broadcasts with different roots), so some "
+         "results may differ between ranks", comm->rank, comm->name, peers);
   commFree(comm);
   return mcclSuccess;
 }

@@ -2,6 +2,7 @@
 #include "core/param.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 typedef struct {
   const char* name;
   int64_t default_value; /* for integer parameters */
+  int64_t min, max;      /* accepted range; values outside it are refused with a warning */
   int is_string;
   const char* raw;       /* the environment's value, or NULL */
   int64_t value;
@@ -18,18 +20,18 @@ typedef struct {
 
 /* Keep in step with docs/ENVIRONMENT.md. */
 static mcclParam params[] = {
-    {"MCCL_DEBUG", 0, 1, NULL, 0},
-    {"MCCL_DEBUG_SUBSYS", 0, 1, NULL, 0},
-    {"MCCL_SOCKET_IFNAME", 0, 1, NULL, 0},
-    {"MCCL_SOCKET_FAMILY", 0, 1, NULL, 0},
+    {"MCCL_DEBUG", 0, 0, 0, 1, NULL, 0},
+    {"MCCL_DEBUG_SUBSYS", 0, 0, 0, 1, NULL, 0},
+    {"MCCL_SOCKET_IFNAME", 0, 0, 0, 1, NULL, 0},
+    {"MCCL_SOCKET_FAMILY", 0, 0, 0, 1, NULL, 0},
     /* Messages of at least this many bytes use the ring; smaller ones recursive doubling/trees. */
-    {"MCCL_RING_THRESHOLD", 256 * 1024, 0, NULL, 0},
+    {"MCCL_RING_THRESHOLD", 256 * 1024, 0, INT64_MAX, 0, NULL, 0},
     /* Bytes per ring frame: the unit that is sent, received and reduced as one pipeline stage. */
-    {"MCCL_SEGMENT_BYTES", 256 * 1024, 0, NULL, 0},
+    {"MCCL_SEGMENT_BYTES", 256 * 1024, 4096, 1 << 30, 0, NULL, 0},
     /* Frames in flight per ring link (posted receives and sends ahead of the reducer). */
-    {"MCCL_PIPELINE_DEPTH", 4, 0, NULL, 0},
+    {"MCCL_PIPELINE_DEPTH", 4, 1, 64, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
-    {"MCCL_SOCKET_BUFSIZE", 0, 0, NULL, 0},
+    {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
 };
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;
@@ -48,9 +50,14 @@ static void paramsInit(void) {
       continue;
     }
     /* Accept K/M/G suffixes (powers of 1024) for byte sizes. */
-    if (*end == 'k' || *end == 'K') v <<= 10;
-    else if (*end == 'm' || *end == 'M') v <<= 20;
-    else if (*end == 'g' || *end == 'G') v <<= 30;
+    if (*end == 'k' || *end == 'K') v <<= 10, end++;
+    else if (*end == 'm' || *end == 'M') v <<= 20, end++;
+    else if (*end == 'g' || *end == 'G') v <<= 30, end++;
+    if (*end != '\0' || v < p->min || v > p->max) {
+      fprintf(stderr, "MCCL WARN %s=%s is not an integer in %lld..%lld; using %lld\n", p->name, p->raw,
+              (long long)p->min, (long long)p->max, (long long)p->default_value);
+      continue;
+    }
     p->value = v;
   }
 }

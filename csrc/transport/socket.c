@@ -75,11 +75,15 @@ static int ifnameMatches(const char* list, const char* name) {
   return exclude ? !hit : hit;
 }
 
+/* MCCL_SOCKET_FAMILY: AF_INET (or 4), AF_INET6 (or 6), or unset for either. */
 static int familyWanted(int family) {
   const char* fam = mcclParamString("MCCL_SOCKET_FAMILY");
   if (fam == NULL || fam[0] == '\0') return family == AF_INET || family == AF_INET6;
   if (strcmp(fam, "AF_INET6") == 0 || strcmp(fam, "6") == 0) return family == AF_INET6;
-  return family == AF_INET;
+  if (strcmp(fam, "AF_INET") == 0 || strcmp(fam, "4") == 0) return family == AF_INET;
+  static int warned = 0;
+  if (!warned++) WARN("MCCL_SOCKET_FAMILY=%s is not AF_INET or AF_INET6; using either", fam);
+  return family == AF_INET || family == AF_INET6;
 }
 
 /* Pick from getifaddrs: interfaces that are up, match `list` (NULL: any non-loopback), and have
@@ -120,7 +124,7 @@ static int routeToward(const char* host, mcclSockaddr* addr) {
   hints.ai_socktype = SOCK_DGRAM;
   const char* fam = mcclParamString("MCCL_SOCKET_FAMILY");
   if (fam != NULL && (strcmp(fam, "AF_INET6") == 0 || strcmp(fam, "6") == 0)) hints.ai_family = AF_INET6;
-  else if (fam != NULL && fam[0] != '\0') hints.ai_family = AF_INET;
+  else if (fam != NULL && (strcmp(fam, "AF_INET") == 0 || strcmp(fam, "4") == 0)) hints.ai_family = AF_INET;
   char bare[256];
   snprintf(bare, sizeof(bare), "%s", host);
   size_t n = strlen(bare);

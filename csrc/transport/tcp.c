@@ -558,7 +558,8 @@ static void describeStall(mcclTransport* t) {
       mcclFrameDescribe(c->rx_mode == MCCL_RX_COLL ? &c->rx_frame : &c->rq_head->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d was waiting for rank %d (%s) to send %s; that rank is "
-               "stalled, slower than the timeout, or issued different collectives",
+               "stalled, slower than the timeout, issued different collectives, or is itself "
+               "waiting for another rank (see that rank's error)",
                t->rank, r, c->addr, desc);
       return;
     }
@@ -721,6 +722,23 @@ void mcclTransportFail(mcclTransport* t, const char* reason) {
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) t->conns[t->pfd_peer[k]].dead = 2;
     }
   }
+}
+
+int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
+  int found = 0;
+  size_t len = 0;
+  desc[0] = '\0';
+  for (int r = 0; r < t->nranks && t->conns != NULL; r++) {
+    mcclConn* c = &t->conns[r];
+    if (c->fd < 0 || c->dead) continue;
+    char b;
+    int pending = c->rx_mode != MCCL_RX_HEADER || c->rhdr_got > 0 ||
+                  recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
+    if (!pending) continue;
+    found++;
+    if (len + 40 < cap) len += (size_t)snprintf(desc + len, cap - len, "%s%d", len ? ", " : "", r);
+  }
+  return found;
 }
 
 void mcclTransportClose(mcclTransport* t) {

@@ -122,6 +122,11 @@ void mcclTransportWake(mcclTransport* t);
  * returned), and linger briefly reading what peers still send so that the ABORT frames arrive. */
 void mcclTransportFail(mcclTransport* t, const char* reason);
 
+/* After the last collective: the number of peers that sent bytes this rank never read (their
+ * ranks listed in `desc`): ranks that issued different collectives, where no receiver could tell
+ * at the time (e.g. broadcasts whose roots differ). */
+int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap);
+
 /* Close every socket and free the transport's memory. */
 void mcclTransportClose(mcclTransport* t);
 
