@@ -21,7 +21,7 @@ class BuildWithLibrary(BuildExtension):
 
 
 setup(
-    packages=["mccl"],
+    packages=["mccl", "mccl.check"],
     package_dir={"": "python"},
     ext_modules=[
         CppExtension(
