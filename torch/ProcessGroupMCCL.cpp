@@ -96,7 +96,7 @@ mcclRedOp_t toMcclOp(const c10d::ReduceOp& op, double* factor) {
     case c10d::ReduceOp::BOR: return mcclBor;
     case c10d::ReduceOp::BXOR: return mcclBxor;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(sup != nullptr, "mccl: PREMUL_SUM without its factor");
       *factor = sup->tensor_factor.defined() ? sup->tensor_factor.to(at::kCPU, at::kDouble).item<double>()
                                              : sup->double_factor;
