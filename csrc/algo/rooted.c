@@ -86,47 +86,33 @@ mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
   return mcclSuccess;
 }
 
-/* Gather and scatter are linear: every block crosses root's link exactly once, which is the
- * bound for any algorithm, and root posts all n-1 transfers at once. */
-mcclResult_t mcclAlgoGather(mcclAlgoCtx* ctx, const mcclOp* op) {
+/* Gather and scatter are linear and mirror images: every block crosses root's link exactly once,
+ * which is the bound for any algorithm, and root posts all n-1 transfers at once. `blocks` is
+ * root's array of n blocks, `own` each rank's single block; gather moves own -> blocks. */
+static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t blk = op->count * mcclDataTypeSize(op->dtype);
+  char* blocks = gather ? op->recvbuf : (char*)op->sendbuf;
+  char* own = gather ? (char*)op->sendbuf : op->recvbuf;
   if (r != op->root) {
-    mcclPeerIo out = {op->root, 1, (char*)op->sendbuf, blk, 0, 0};
-    return blk ? mcclAlgoExchange(ctx, op, &out, 1) : mcclSuccess;
+    mcclPeerIo io = {op->root, gather, own, blk, 0, 0};
+    return blk ? mcclAlgoExchange(ctx, op, &io, 1) : mcclSuccess;
   }
-  char* own = (char*)op->recvbuf + (size_t)r * blk;
-  if (own != op->sendbuf) memmove(own, op->sendbuf, blk);
+  char* mine = blocks + (size_t)r * blk;
+  if (mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
   if (n == 1 || blk == 0) return mcclSuccess;
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
   if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
   int nio = 0;
   for (int p = 0; p < n; p++)
-    if (p != r) ios[nio++] = (mcclPeerIo){p, 0, (char*)op->recvbuf + (size_t)p * blk, blk, 0, 0};
+    if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
   mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
   free(ios);
   return res;
 }
 
-mcclResult_t mcclAlgoScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
-  const int n = ctx->nranks, r = ctx->rank;
-  const size_t blk = op->count * mcclDataTypeSize(op->dtype);
-  if (r != op->root) {
-    mcclPeerIo in = {op->root, 0, op->recvbuf, blk, 0, 0};
-    return blk ? mcclAlgoExchange(ctx, op, &in, 1) : mcclSuccess;
-  }
-  const char* own = (const char*)op->sendbuf + (size_t)r * blk;
-  if (op->recvbuf != own) memmove(op->recvbuf, own, blk);
-  if (n == 1 || blk == 0) return mcclSuccess;
-  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
-  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
-  int nio = 0;
-  for (int p = 0; p < n; p++)
-    if (p != r) ios[nio++] = (mcclPeerIo){p, 1, (char*)op->sendbuf + (size_t)p * blk, blk, 0, 0};
-  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
-  free(ios);
-  return res;
-}
+mcclResult_t mcclAlgoGather(mcclAlgoCtx* ctx, const mcclOp* op) { return linearRooted(ctx, op, 1); }
+mcclResult_t mcclAlgoScatter(mcclAlgoCtx* ctx, const mcclOp* op) { return linearRooted(ctx, op, 0); }
 
 /* All-to-all: the own block is copied; every other pair exchanges its blocks over its own
  * connection, all posted at once (each connection carries one block each way). op->v, when set,

@@ -179,15 +179,7 @@ static mcclResult_t p2pSubmit(struct mcclComm* comm, const char* fn, mcclCollKin
   pthread_mutex_unlock(&comm->qlock);
   if (request != NULL) *request = req; /* the caller's hold; the engine has its own */
   mcclP2pSubmit(comm, req);
-  if (request != NULL) return mcclSuccess;
-  mcclResult_t res = mcclWait(req, -1);
-  if (res != mcclSuccess) {
-    pthread_mutex_lock(&comm->errlock);
-    snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", req->error);
-    pthread_mutex_unlock(&comm->errlock);
-  }
-  mcclRequestRelease(req);
-  return res;
+  return request != NULL ? mcclSuccess : mcclRequestWaitAndFree(comm, req);
 }
 
 MCCL_API mcclResult_t mcclSend(const void* buf, size_t count, mcclDataType_t datatype, int peer, int tag,

@@ -81,6 +81,8 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg);
 /* Requests (engine.c): finish (consumer release, then waiters) and drop one hold. */
 void mcclRequestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg);
 void mcclRequestRelease(struct mcclRequest* req);
+/* For a blocking call: wait for `req`, copy its error into the communicator's last error, free it. */
+mcclResult_t mcclRequestWaitAndFree(struct mcclComm* comm, struct mcclRequest* req);
 struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* options, int64_t default_timeout_ms);
 
 /* Point-to-point (p2p.c). Init installs the transport hooks; Submit runs on caller threads; the

@@ -237,7 +237,10 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   pthread_cond_signal(&comm->qcond);
   pthread_mutex_unlock(&comm->qlock);
 
-  if (request != NULL) return mcclSuccess;
+  return request != NULL ? mcclSuccess : mcclRequestWaitAndFree(comm, req);
+}
+
+mcclResult_t mcclRequestWaitAndFree(struct mcclComm* comm, struct mcclRequest* req) {
   mcclResult_t res = mcclWait(req, -1);
   if (res != mcclSuccess) {
     pthread_mutex_lock(&comm->errlock);
