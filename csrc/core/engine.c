@@ -141,8 +141,12 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
 static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
                            const mcclOpOptions_t* options, mcclRequest_t* request);
 
+/* How long destroy lets point-to-point work still in flight finish before failing it. */
+#define MCCL_DESTROY_P2P_GRACE_MS 2000
+
 void* mcclEngineMain(void* arg) {
   struct mcclComm* comm = arg;
+  int64_t stop_deadline = 0;
   for (;;) {
     pthread_mutex_lock(&comm->qlock);
     while (comm->qhead == NULL && !comm->stopping && !mcclP2pBusy(comm))
@@ -152,12 +156,19 @@ void* mcclEngineMain(void* arg) {
       comm->qhead = req->next;
       if (comm->qhead == NULL) comm->qtail = NULL;
     }
-    int p2p = mcclP2pBusy(comm);
+    int p2p = mcclP2pBusy(comm), stopping = comm->stopping;
     pthread_mutex_unlock(&comm->qlock);
     if (req != NULL) {
       runRequest(comm, req);
       mcclRequestRelease(req);
     } else if (p2p) {
+      /* Destroy with sends or receives pending: a short grace for what is in flight, then they
+       * fail rather than hold destroy up for their whole timeout. */
+      if (stopping && stop_deadline == 0) stop_deadline = mcclNowNs() + MCCL_DESTROY_P2P_GRACE_MS * 1000000LL;
+      if (stopping && mcclNowNs() > stop_deadline) {
+        mcclP2pFailAll(comm, mcclInvalidUsage, "the communicator was destroyed while this send/recv was pending");
+        continue;
+      }
       /* Only point-to-point work: progress it (the round hook posts, retires and times out). */
       mcclResult_t res = mcclTransportProgress(&comm->tp, mcclNowNs() + 100 * 1000000LL, &comm->aborted);
       if (res == mcclSuccess && comm->tp.idle) mcclTransportIdleWait(&comm->tp, 100);

@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -100,7 +101,21 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(mcclSend(&x, 1, mcclInt32, r, 0, comm, NULL, NULL) == mcclInvalidArgument, "send to self");
   EXPECT(mcclRecv(&x, 1, mcclInt32, n, 0, comm, NULL, NULL) == mcclInvalidArgument, "recv from rank n");
   EXPECT(mcclSend(&x, 1, mcclInt32, 0, -1, comm, NULL, NULL) == mcclInvalidArgument, "negative tag");
+  /* 5. A receive still pending at destroy fails (destroyed, or the peer left first) and does not
+   * hold destroy up for its 60 s timeout. */
+  mcclRequest_t pending = NULL;
+  if (n > 1 && r == 0) EXPECT_OK(comm, mcclRecv(&x, 1, mcclInt32, 1, 77, comm, NULL, &pending));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   EXPECT_OK(comm, mcclCommDestroy(comm));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  EXPECT(took < 5.0, "destroy took %.1f s with a receive pending", took);
+  if (pending != NULL) {
+    mcclResult_t res = mcclWait(pending, 0);
+    EXPECT(res == mcclInvalidUsage || res == mcclRemoteError, "pending recv at destroy: %s", mcclGetErrorString(res));
+    mcclRequestFree(pending);
+  }
   return 0;
 }
 
