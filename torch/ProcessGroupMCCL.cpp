@@ -4,7 +4,12 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <sstream>
 
 namespace mccl {
@@ -148,22 +153,76 @@ WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at
 
 WorkMCCL::~WorkMCCL() { mcclRequestFree(request_); }
 
-// Engine thread, exactly once: the buffers are final (or the collective failed). Completes the
-// Future with the outputs, then drops the Work's hold on itself.
+// Completes Works off MCCL's engine thread. Future callbacks run on the thread that completes the
+// Future, and a callback may issue another collective and wait on it (DDP's PowerSGD hook does):
+// completing on the engine thread would deadlock, and so would a single completion thread whose
+// callback waits on a Future that same thread has to complete. So tasks run in order on a pool
+// that starts another thread whenever more tasks wait than threads are idle (up to 256).
+class Completer {
+ public:
+  static Completer& get() {
+    static Completer* instance = new Completer();  // never destroyed: its threads may outlive statics
+    return *instance;
+  }
+
+  void post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (static_cast<int>(tasks_.size()) > idle_ && threads_ < kMaxThreads) {
+      threads_++;
+      std::thread([this] { run(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  static constexpr int kMaxThreads = 256;
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      while (tasks_.empty()) {
+        idle_++;
+        cv_.wait(lock);
+        idle_--;
+      }
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  int idle_ = 0;
+  int threads_ = 0;
+};
+
+// Engine thread, exactly once: the buffers are final (or the collective failed). Hands the
+// completion to the Completer, which copies staged outputs back, completes the Work and its Future
+// with the outputs, and then drops the Work's hold on itself.
 void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
   auto* work = static_cast<WorkMCCL*>(ctx);
   c10::intrusive_ptr<WorkMCCL> self = std::move(work->self_);
+  Completer::get().post([self, result]() { self->complete(result); });
+}
+
+void WorkMCCL::complete(mcclResult_t result) {
   std::exception_ptr eptr;
   if (result == mcclSuccess) {
     try {
-      for (auto& step : work->postprocess_) step();
+      for (auto& step : postprocess_) step();
     } catch (...) {
       eptr = std::current_exception();
     }
   } else {
-    const char* detail = mcclRequestError(work->request_);
+    const char* detail = mcclRequestError(request_);
     try {
-      throwMccl(result, work->name_, detail[0] ? detail : "see the log");
+      throwMccl(result, name_, detail[0] ? detail : "see the log");
     } catch (...) {
       eptr = std::current_exception();
     }
@@ -172,15 +231,15 @@ void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
     try {
       std::rethrow_exception(eptr);
     } catch (const std::exception& e) {
-      work->error_ = e.what();
+      error_ = e.what();
     }
-    work->finish(eptr);
-    work->future_->setError(eptr);
+    finish(eptr);
+    future_->setError(eptr);
   } else {
-    work->finish();
-    work->future_->markCompleted(c10::IValue(work->outputs_));
+    finish();
+    future_->markCompleted(c10::IValue(outputs_));
   }
-  work->keep_alive_.clear();
+  keep_alive_.clear();
 }
 
 void* WorkMCCL::buffer(const at::Tensor& t, bool output, const char* op) {
@@ -355,7 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
                 " and size ", input.numel(), "; got ", o.scalar_type(), " with ", o.numel(), " elements");
   }
   mcclDataType_t dt = toMcclType(input, "all_gather");
-  // Gather into one flat buffer, then copy out on the engine thread before completion.
+  // Gather into one flat buffer, then copy out (completion pool) before the Future completes.
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLGATHER, "all_gather", outs);
   work->keep_alive_ = {flat};
@@ -402,7 +461,7 @@ at::Tensor flatCat(const std::vector<at::Tensor>& ts) {
   return at::cat(flat);
 }
 
-// Copy consecutive pieces of `flat` back into `ts` (engine thread, after the collective).
+// Copy consecutive pieces of `flat` back into `ts` (completion pool, after the collective).
 void splitInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
   int64_t off = 0;
   for (const auto& t : ts) {

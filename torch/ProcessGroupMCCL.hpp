@@ -2,8 +2,9 @@
 //
 // A collective call turns each tensor into (pointer, count, dtype), checks everything that can be
 // checked before a byte moves (device, layout, dtype, op, sizes), and issues the C call with a
-// handoff whose consumer_release completes the Work and its Future on MCCL's engine thread with
-// the output tensor list, as DDP expects. The Work keeps every tensor it touches alive until then.
+// handoff whose consumer_release hands the Work to a completion pool, which completes it and its
+// Future with the output tensor list, as DDP expects (off the engine thread: Future callbacks may
+// issue and wait on further collectives). The Work keeps every tensor it touches alive until then.
 #pragma once
 
 #include <atomic>
@@ -38,16 +39,17 @@ class WorkMCCL : public c10d::Work {
 
   // The pointer the C library should read (output=false) or write (output=true) for `t`, kept
   // alive until completion. A non-contiguous tensor is staged through a contiguous copy, copied
-  // back on the engine thread for outputs. Outputs whose elements overlap (expand()) are refused.
+  // back by the completion pool for outputs. Outputs whose elements overlap (expand()) are refused.
   void* buffer(const at::Tensor& t, bool output, const char* op);
 
  private:
   friend class ProcessGroupMCCL;
   static void onRelease(void* ctx, mcclResult_t result);
+  void complete(mcclResult_t result);
 
   std::vector<at::Tensor> outputs_;       // what the Future completes with
   std::vector<at::Tensor> keep_alive_;    // inputs and staging the engine reads or writes
-  std::vector<std::function<void()>> postprocess_;  // engine thread, in order, before completion
+  std::vector<std::function<void()>> postprocess_;  // completion pool, in order, before completion
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
   mcclRequest_t request_ = nullptr;
