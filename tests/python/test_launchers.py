@@ -1,5 +1,6 @@
 """torchrun launches, interface choice and addresses: F19-F21 behaviour on one host."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,8 +25,9 @@ def torchrun(args, env=None, **kw):
 
 
 def results(output: str):
-    rows = [line.split(maxsplit=4) for line in output.splitlines() if line.startswith("RESULT ")]
-    return {int(r[1]): (int(r[2]), float(r[3]), r[4]) for r in rows}
+    # Two ranks print to one pipe, so their lines may run together: match records, not lines.
+    rows = re.findall(r"RESULT (\d+) (\d+) (\S+) (\[[^\]]*\])", output)
+    return {int(r[0]): (int(r[1]), float(r[2]), r[3]) for r in rows}
 
 
 def finish(proc, timeout=120):
