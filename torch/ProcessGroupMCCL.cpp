@@ -310,6 +310,11 @@ ProcessGroupMCCL::~ProcessGroupMCCL() {
   if (comm_ != nullptr) mcclCommDestroy(comm_);
 }
 
+void ProcessGroupMCCL::checkRoot(int64_t root, const char* op) const {
+  TORCH_CHECK(root >= 0 && root < getSize(), "mccl ", op, ": root rank ", root, " is outside 0..",
+              getSize() - 1);
+}
+
 mcclComm_t ProcessGroupMCCL::comm() const {
   TORCH_CHECK(comm_ != nullptr, "mccl: the process group was shut down or aborted");
   return comm_;
@@ -364,8 +369,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   const at::Tensor& t = checkSingle(tensors, "broadcast");
   checkTensor(t, "broadcast");
   TORCH_CHECK(opts.rootTensor == 0, "mccl broadcast: rootTensor must be 0 (one tensor per process)");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl broadcast: root rank ",
-              opts.rootRank, " is outside 0..", getSize() - 1);
+  checkRoot(opts.rootRank, "broadcast");
   mcclDataType_t dt = toMcclType(t, "broadcast");
   auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::BROADCAST, "broadcast", tensors);
   mcclComm_t c = comm();
@@ -496,8 +500,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
                                                         const c10d::ReduceOptions& opts) {
   const at::Tensor& t = checkSingle(tensors, "reduce");
   checkTensor(t, "reduce");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl reduce: root rank ",
-              opts.rootRank, " is outside 0..", getSize() - 1);
+  checkRoot(opts.rootRank, "reduce");
   mcclDataType_t dt = toMcclType(t, "reduce");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
@@ -551,8 +554,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
                                                         const c10d::GatherOptions& opts) {
   const at::Tensor& input = checkSingle(inputs, "gather");
   checkTensor(input, "gather");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl gather: root rank ",
-              opts.rootRank, " is outside 0..", getSize() - 1);
+  checkRoot(opts.rootRank, "gather");
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = getRank() == root;
   std::vector<at::Tensor> targets;
@@ -587,8 +589,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
                                                          const c10d::ScatterOptions& opts) {
   const at::Tensor& output = checkSingle(outputs, "scatter");
   checkTensor(output, "scatter");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "mccl scatter: root rank ",
-              opts.rootRank, " is outside 0..", getSize() - 1);
+  checkRoot(opts.rootRank, "scatter");
   const int root = static_cast<int>(opts.rootRank);
   const bool is_root = getRank() == root;
   at::Tensor flat;

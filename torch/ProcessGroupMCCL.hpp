@@ -127,6 +127,7 @@ class ProcessGroupMCCL : public c10d::Backend {
                                         std::chrono::milliseconds timeout, Issue issue,
                                         double premul_factor);
   mcclComm_t comm() const;
+  void checkRoot(int64_t root, const char* op) const;  // RuntimeError unless 0 <= root < size
 
   mcclComm_t comm_ = nullptr;
   c10::intrusive_ptr<c10d::Store> store_;
