@@ -214,6 +214,10 @@ typedef struct mcclOpOptions {
   const mcclHandoff_t* handoff;  /* NULL: plain CPU memory, no callbacks. Copied at issue. */
   mcclAlgorithm_t algorithm;     /* mcclAlgoAuto unless a test or benchmark forces one. */
   double premul_factor;          /* the factor of mcclPremulSum; ignored by other ops */
+  int hold;                      /* 1: hold the run order after this collective until
+                                    mcclRequestSeal (see "Issue order" below). */
+  struct mcclRequest* follows;   /* NULL, or a collective request of the same communicator that
+                                    this collective follows up (see "Issue order" below). */
 } mcclOpOptions_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -230,8 +234,34 @@ MCCL_API mcclResult_t mcclWait(mcclRequest_t request, int64_t timeout_ms);
 /* Non-blocking: *done = 1 and the request's result once it finished, else *done = 0. */
 MCCL_API mcclResult_t mcclTest(mcclRequest_t request, int* done);
 
-/* The request's sequence number on its communicator (0, 1, 2, ... in issue order). */
+/* The collective's position in its communicator's run order (0, 1, 2, ...), the number its
+ * frames and error messages carry. Known once the engine started the request (always once it
+ * finished); before that, UINT64_MAX. Point-to-point requests are numbered on their own. */
 MCCL_API uint64_t mcclRequestSeq(mcclRequest_t request);
+
+/* ---------------------------------------------------------------------------------------------
+ * Issue order. Collectives run one after another in the order they were issued, and that order
+ * must be the same on every rank. A program whose completion callbacks issue collectives (the
+ * communication hooks of PyTorch's DDP do) has no such order: a callback runs on another thread,
+ * at a time that differs from rank to rank. Follow-ups give it one:
+ *
+ *  - A collective R issued with mcclOpOptions_t.hold = 1 keeps the engine from starting any
+ *    collective ordered after R until mcclRequestSeal(R) is called (the owner seals R once R's
+ *    callbacks have returned; the hold must be asked for at issue, since R may finish at once).
+ *  - A collective issued with mcclOpOptions_t.follows = R while R is held runs after R and R's
+ *    earlier follow-ups (and theirs), before any collective ordered after R.
+ *
+ * The run order is then the depth-first order of the follow-up tree, identical on every rank
+ * whatever the thread timing; it is the order NCCL gives when callbacks run inline at issue.
+ * A follow-up of a request that is no longer held (it finished and was sealed, or never held)
+ * takes its place in plain issue order. If a held request is not sealed within its timeout while
+ * other collectives wait behind it, the communicator fails with mcclTimeout naming it (a
+ * callback that waits for a collective issued after the one it follows can never finish).
+ * Point-to-point requests are not ordered this way and cannot be held or followed.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Releases a hold (idempotent; a no-op on a request never held or on a point-to-point one). */
+MCCL_API mcclResult_t mcclRequestSeal(mcclRequest_t request);
 
 /* The error message of a failed request ("" on success). Valid once mcclWait/mcclTest reported the
  * request done, and inside its consumer_release callback; until mcclRequestFree. */

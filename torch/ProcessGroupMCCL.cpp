@@ -153,6 +153,17 @@ WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at
 
 WorkMCCL::~WorkMCCL() { mcclRequestFree(request_); }
 
+namespace {
+// The Work whose Future callbacks this thread is running (the completion pool sets it): a
+// collective issued there on the same communicator is that Work's follow-up, so it runs in the
+// same place on every rank (include/mccl.h, "Issue order").
+struct FollowContext {
+  mcclComm_t comm = nullptr;
+  mcclRequest_t request = nullptr;
+};
+thread_local FollowContext tl_follow;
+}  // namespace
+
 // Completes Works off MCCL's engine thread. Future callbacks run on the thread that completes the
 // Future, and a callback may issue another collective and wait on it (DDP's PowerSGD hook does):
 // completing on the engine thread would deadlock, and so would a single completion thread whose
@@ -227,6 +238,10 @@ void WorkMCCL::complete(mcclResult_t result) {
       eptr = std::current_exception();
     }
   }
+  FollowContext outer = tl_follow;
+  // Point-to-point requests have no place in the run order: their callbacks' collectives don't
+  // follow anything.
+  tl_follow = c10d::isP2POp(retrieveOpType()) ? FollowContext{} : FollowContext{comm_, request_};
   if (eptr) {
     try {
       std::rethrow_exception(eptr);
@@ -239,6 +254,10 @@ void WorkMCCL::complete(mcclResult_t result) {
     finish();
     future_->markCompleted(c10::IValue(outputs_));
   }
+  // The Future's callbacks have returned (those attached later run inline in their caller):
+  // collectives issued after this one may run now.
+  tl_follow = outer;
+  mcclRequestSeal(request_);
   keep_alive_.clear();
 }
 
@@ -337,14 +356,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   opts.timeout_ms = timeoutMs(timeout, timeout_);
   opts.handoff = &work->handoff_;
   opts.premul_factor = premul_factor;
+  const bool p2p = c10d::isP2POp(work->retrieveOpType());
+  // Every collective holds the run order until its Future's callbacks returned (complete()
+  // seals it), so that collectives those callbacks issue run in the same place on every rank.
+  // It costs a hand-off to the completion pool between back-to-back collectives.
+  opts.hold = p2p ? 0 : 1;
+  if (!p2p && tl_follow.comm == comm_) opts.follows = tl_follow.request;
+  work->comm_ = comm_;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {
     work->self_.reset();
     throwMccl(res, work->name_, mcclGetLastError(comm_));
   }
-  work->seq_ = mcclRequestSeq(work->request_);
-  if (!c10d::isP2POp(work->retrieveOpType()))
-    next_seq_ = work->seq_ + 1;
+  // torch's per-group sequence number: issue order on this process (the engine's run order, which
+  // can differ for follow-ups, is in mcclRequestSeq and in MCCL's messages).
+  if (!p2p) work->seq_ = next_seq_++;
   return work;
 }
 

@@ -53,6 +53,7 @@ class WorkMCCL : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
   mcclRequest_t request_ = nullptr;
+  mcclComm_t comm_ = nullptr;             // the issuing communicator (follow-up context)
   mcclHandoff_t handoff_{};
   std::string error_;
   uint64_t seq_ = 0;

@@ -74,16 +74,25 @@ static mcclResult_t storeGet(const mcclStore_t* store, const char* key, void* bu
   return res;
 }
 
-/* Everything init allocates is freed by commFree, which tolerates a half-built communicator. */
+/* The communicator's memory outlives destroy while collective requests still reference it
+ * (mcclRequestSeq/Hold/Seal take its queue lock); the last reference frees it. */
+void mcclCommRelease(struct mcclComm* comm) {
+  if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
+  pthread_mutex_destroy(&comm->qlock);
+  pthread_cond_destroy(&comm->qcond);
+  pthread_mutex_destroy(&comm->errlock);
+  free(comm);
+}
+
+/* Everything init allocates (sockets, threads' state, buffers) is freed by commFree, which
+ * tolerates a half-built communicator; then the owner's reference goes. */
 static void commFree(struct mcclComm* comm) {
   mcclP2pFree(comm);
   mcclTransportClose(&comm->tp);
   free(comm->algo.scratch);
   free(comm->algo.work);
-  pthread_mutex_destroy(&comm->qlock);
-  pthread_cond_destroy(&comm->qcond);
-  pthread_mutex_destroy(&comm->errlock);
-  free(comm);
+  comm->algo.scratch = comm->algo.work = NULL;
+  mcclCommRelease(comm);
 }
 
 MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t* cfg) {
@@ -120,6 +129,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   pthread_cond_init(&comm->qcond, NULL);
   pthread_mutex_init(&comm->errlock, NULL);
   atomic_init(&comm->aborted, 0);
+  atomic_init(&comm->refs, 1);
 
   const mcclStore_t* store = &cfg->store;
   const int64_t deadline = mcclNowNs() + comm->timeout_ms * 1000000LL;

@@ -33,6 +33,15 @@ struct mcclRequest {
   int64_t timeout_ms;
   mcclHandoff_t handoff;
   struct mcclRequest* next;       /* queue link, under the communicator's qlock */
+  /* Collective run order (engine.c), under the communicator's qlock. */
+  struct mcclComm* comm;
+  int ordered;                    /* a collective (not point-to-point) */
+  int state;                      /* MCCL_REQ_QUEUED, MCCL_REQ_OPEN or MCCL_REQ_RETIRED */
+  int held, sealed;               /* mcclRequestHold / mcclRequestSeal */
+  struct mcclRequest* follows;    /* the request this one follows up, at issue */
+  struct mcclRequest *kids_head, *kids_tail; /* follow-ups waiting to run */
+  struct mcclRequest* below;      /* the next open request down the stack */
+  int64_t ran_ns;                 /* when it finished running (the hold's timeout counts from it) */
   /* Point-to-point only (p2p.c), engine-owned once posted. */
   int peer, tag;                  /* peer may be MCCL_ANY_SOURCE for a receive */
   int source;                     /* the sender of a finished receive, else -1 */
@@ -42,7 +51,11 @@ struct mcclRequest {
   int64_t deadline_ns;
 };
 
+enum { MCCL_REQ_QUEUED = 0, MCCL_REQ_OPEN = 1, MCCL_REQ_RETIRED = 2 };
+
 struct mcclP2pState;
+
+void mcclCommRelease(struct mcclComm* comm);
 
 struct mcclComm {
   int rank, nranks;
@@ -57,14 +70,16 @@ struct mcclComm {
   /* Issue queue. */
   pthread_mutex_t qlock;
   pthread_cond_t qcond;
-  struct mcclRequest *qhead, *qtail;
-  uint64_t next_seq;
+  struct mcclRequest *qhead, *qtail; /* top-level collectives in issue order */
+  struct mcclRequest* open;       /* requests that ran and may still get follow-ups (a stack) */
+  uint64_t next_seq;              /* run order, stamped when the engine takes a collective */
   uint64_t next_p2p;              /* numbers point-to-point requests (their own sequence) */
   int stopping;                   /* destroy: finish the queue, then exit */
   pthread_t engine;
   int engine_started;
 
   atomic_int aborted;
+  atomic_int refs;                /* the owner + every live collective request */
 
   /* Point-to-point: submitted under qlock, then matched and progressed by the engine (p2p.c). */
   struct mcclRequest *p2p_new_head, *p2p_new_tail;

@@ -1,10 +1,11 @@
 /*
  * engine.c: issue order, the progress engine, and requests.
  *
- * The calling thread stamps each collective with the communicator's next sequence number under
- * the queue lock; that number, carried in every frame, is the only thing that orders collectives
- * on the wire. The engine thread takes requests in exactly that order and runs each to completion
- * (or failure) before the next, so no thread scheduling can reorder buckets between ranks.
+ * Collectives run one at a time, in an order that is the same on every rank: issue order, with
+ * follow-ups (mcclOpOptions_t.follows, include/mccl.h "Issue order") run right after the held
+ * request they follow. The engine stamps each collective with the next sequence number when it
+ * takes it; that number, carried in every frame, is what peers check to know they run the same
+ * collective. So no thread scheduling can reorder buckets between ranks.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg) 
 
 void mcclRequestRelease(struct mcclRequest* req) {
   if (atomic_fetch_sub(&req->refs, 1) == 1) {
+    if (req->comm != NULL) mcclCommRelease(req->comm);
     free(req->v);
     pthread_mutex_destroy(&req->mu);
     pthread_cond_destroy(&req->cv);
@@ -144,23 +146,99 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
 /* How long destroy lets point-to-point work still in flight finish before failing it. */
 #define MCCL_DESTROY_P2P_GRACE_MS 2000
 
+static int commFailed(struct mcclComm* comm) {
+  pthread_mutex_lock(&comm->errlock);
+  int failed = comm->async_error != mcclSuccess;
+  pthread_mutex_unlock(&comm->errlock);
+  return failed;
+}
+
+enum { NEXT_RUN, NEXT_IDLE, NEXT_BLOCKED };
+
+/* Under qlock: the next collective in run order. Walks down the stack of open requests: an open
+ * request's waiting follow-ups run first; a held, unsealed one blocks everything after it (until
+ * `*blocked_until`, its hold's deadline, if anything waits); sealed or unheld ones retire. Then
+ * the top-level queue. Once the communicator failed, holds are ignored: every request fails at
+ * once whatever its order. */
+static int nextRequest(struct mcclComm* comm, int failed, struct mcclRequest** out,
+                       struct mcclRequest** blocker) {
+  *out = NULL;
+  while (comm->open != NULL) {
+    struct mcclRequest* top = comm->open;
+    if (top->kids_head != NULL) {
+      *out = top->kids_head;
+      top->kids_head = (*out)->next;
+      if (top->kids_head == NULL) top->kids_tail = NULL;
+      return NEXT_RUN;
+    }
+    if (top->held && !top->sealed && !failed) {
+      int waiting = comm->qhead != NULL;
+      for (struct mcclRequest* r = top->below; r != NULL && !waiting; r = r->below) waiting = r->kids_head != NULL;
+      *blocker = top;
+      return waiting ? NEXT_BLOCKED : NEXT_IDLE;
+    }
+    comm->open = top->below;
+    top->state = MCCL_REQ_RETIRED;
+    mcclRequestRelease(top); /* the engine's hold */
+  }
+  if (comm->qhead == NULL) return NEXT_IDLE;
+  *out = comm->qhead;
+  comm->qhead = (*out)->next;
+  if (comm->qhead == NULL) comm->qtail = NULL;
+  return NEXT_RUN;
+}
+
 void* mcclEngineMain(void* arg) {
   struct mcclComm* comm = arg;
   int64_t stop_deadline = 0;
   for (;;) {
+    struct mcclRequest *req = NULL, *blocker = NULL;
+    int failed = commFailed(comm);
     pthread_mutex_lock(&comm->qlock);
-    while (comm->qhead == NULL && !comm->stopping && !mcclP2pBusy(comm))
-      pthread_cond_wait(&comm->qcond, &comm->qlock);
-    struct mcclRequest* req = comm->qhead;
-    if (req != NULL) {
-      comm->qhead = req->next;
-      if (comm->qhead == NULL) comm->qtail = NULL;
+    int next, expired = 0;
+    for (;;) {
+      next = nextRequest(comm, failed, &req, &blocker);
+      int64_t until = next == NEXT_BLOCKED ? blocker->ran_ns + blocker->timeout_ms * 1000000LL : 0;
+      if (next == NEXT_BLOCKED && mcclNowNs() >= until) expired = 1;
+      if (next == NEXT_RUN || expired || mcclP2pBusy(comm) || (comm->stopping && next == NEXT_IDLE)) break;
+      if (next == NEXT_IDLE) {
+        pthread_cond_wait(&comm->qcond, &comm->qlock);
+        continue;
+      }
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      int64_t wait_ns = until - mcclNowNs();
+      if (wait_ns > 100 * 1000000LL) wait_ns = 100 * 1000000LL; /* also notice failures */
+      ts.tv_sec += wait_ns / 1000000000LL;
+      ts.tv_nsec += wait_ns % 1000000000LL;
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&comm->qcond, &comm->qlock, &ts);
+      if (commFailed(comm)) failed = 1;
     }
+    if (next == NEXT_RUN) req->op.seq = comm->next_seq++;
     int p2p = mcclP2pBusy(comm), stopping = comm->stopping;
     pthread_mutex_unlock(&comm->qlock);
-    if (req != NULL) {
+    if (next == NEXT_RUN) {
       runRequest(comm, req);
-      mcclRequestRelease(req);
+      /* It stays open for follow-ups until the next nextRequest() passes it. */
+      pthread_mutex_lock(&comm->qlock);
+      req->state = MCCL_REQ_OPEN;
+      req->ran_ns = mcclNowNs();
+      req->below = comm->open;
+      comm->open = req;
+      pthread_mutex_unlock(&comm->qlock);
+    } else if (expired) {
+      char msg[1024];
+      snprintf(msg, sizeof(msg),
+               "rank %d: the completion callbacks of %s #%llu did not return within its timeout of "
+               "%lld ms, and collectives issued after it wait for them (a callback's collectives "
+               "run right after the one it follows, so a callback that waits for a later "
+               "collective can never finish)", comm->rank, mcclCollName(blocker->op.coll),
+               (unsigned long long)blocker->op.seq, (long long)blocker->timeout_ms);
+      failCommunicator(comm, mcclTimeout, msg);
     } else if (p2p) {
       /* Destroy with sends or receives pending: a short grace for what is in flight, then they
        * fail rather than hold destroy up for their whole timeout. */
@@ -181,6 +259,15 @@ void* mcclEngineMain(void* arg) {
       break; /* stopping, and nothing is left */
     }
   }
+  /* Retire what is still open (held requests whose owners never sealed them). */
+  pthread_mutex_lock(&comm->qlock);
+  while (comm->open != NULL) {
+    struct mcclRequest* top = comm->open;
+    comm->open = top->below;
+    top->state = MCCL_REQ_RETIRED;
+    mcclRequestRelease(top);
+  }
+  pthread_mutex_unlock(&comm->qlock);
   return NULL;
 }
 
@@ -232,6 +319,19 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   req->v = v;
   req->op.v = v;
 
+  req->comm = comm;
+  atomic_fetch_add(&comm->refs, 1);
+  req->ordered = 1;
+  req->held = options != NULL && options->hold;
+  req->op.seq = UINT64_MAX; /* stamped when the engine takes it */
+  struct mcclRequest* parent = options ? options->follows : NULL;
+  if (parent != NULL && (parent->comm != comm || !parent->ordered)) {
+    mcclRequestRelease(req);
+    mcclRequestRelease(req);
+    mcclSetThreadError("options.follows must be a collective request of the same communicator");
+    return mcclInvalidArgument;
+  }
+
   pthread_mutex_lock(&comm->qlock);
   if (comm->stopping) {
     pthread_mutex_unlock(&comm->qlock);
@@ -240,11 +340,19 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
     mcclSetThreadError("the communicator is being destroyed");
     return mcclInvalidUsage;
   }
-  req->op.seq = comm->next_seq++;
   if (request != NULL) *request = req; /* before the engine can see it: a handoff may read it */
-  if (comm->qtail) comm->qtail->next = req;
-  else comm->qhead = req;
-  comm->qtail = req;
+  if (parent != NULL && parent->state != MCCL_REQ_RETIRED) {
+    if (parent->kids_tail) parent->kids_tail->next = req;
+    else parent->kids_head = req;
+    parent->kids_tail = req;
+  } else {
+    if (parent != NULL)
+      INFO(MCCL_SUB_COLL, "rank %d: a follow-up of a request already passed in the run order "
+           "takes its place in issue order", comm->rank);
+    if (comm->qtail) comm->qtail->next = req;
+    else comm->qhead = req;
+    comm->qtail = req;
+  }
   pthread_cond_signal(&comm->qcond);
   pthread_mutex_unlock(&comm->qlock);
 
@@ -293,7 +401,24 @@ mcclResult_t mcclTest(mcclRequest_t req, int* done) {
   return res;
 }
 
-uint64_t mcclRequestSeq(mcclRequest_t req) { return req ? req->op.seq : 0; }
+uint64_t mcclRequestSeq(mcclRequest_t req) {
+  if (req == NULL) return UINT64_MAX;
+  if (!req->ordered) return req->op.seq;
+  pthread_mutex_lock(&req->comm->qlock);
+  uint64_t seq = req->op.seq;
+  pthread_mutex_unlock(&req->comm->qlock);
+  return seq;
+}
+
+mcclResult_t mcclRequestSeal(mcclRequest_t req) {
+  if (req == NULL) return mcclInvalidArgument;
+  if (!req->ordered) return mcclSuccess;
+  pthread_mutex_lock(&req->comm->qlock);
+  req->sealed = 1;
+  pthread_cond_signal(&req->comm->qcond);
+  pthread_mutex_unlock(&req->comm->qlock);
+  return mcclSuccess;
+}
 
 int mcclRequestSource(mcclRequest_t req) {
   if (req == NULL) return -1;

@@ -105,9 +105,9 @@ static int badArguments(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(strstr(mcclGetLastError(comm), "root") != NULL, "message: %s", mcclGetLastError(comm));
   mcclRequest_t req = NULL;
   EXPECT_OK(comm, mcclAllReduce(f, f, 4, mcclFloat32, mcclSum, comm, NULL, &req));
+  EXPECT(mcclWait(req, 10000) == mcclSuccess, "wait: %s", mcclRequestError(req));
   EXPECT(mcclRequestSeq(req) == 0, "invalid calls consumed sequence numbers: seq %llu",
          (unsigned long long)mcclRequestSeq(req));
-  EXPECT(mcclWait(req, 10000) == mcclSuccess, "wait: %s", mcclRequestError(req));
   mcclRequestFree(req);
   for (int i = 0; i < 4; i++) EXPECT(f[i] == (float)n, "f[%d] = %g", i, f[i]);
   EXPECT_OK(comm, mcclCommDestroy(comm));

@@ -458,11 +458,6 @@ def test_f12_zero_numel(name):
     _same_on_all_ranks(_case(name, 4, ["f12_empty", "f12_zero_param"]))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug (issue 3): with two buckets, PowerSGD's Future callbacks issue collectives from "
-    "MCCL's completion threads while the main thread issues the next bucket, so ranks stamp "
-    "sequence numbers in different orders; MCCL reports a collective mismatch (gloo hangs). "
-    "Not strict: the race depends on thread timing"))
 def test_f12_powersgd_with_a_1d_only_bucket():
     _same_on_all_ranks(_case("f12_powersgd", 4, ["f12_powersgd"], deadline_s=90, pg_timeout_s=20))
 
