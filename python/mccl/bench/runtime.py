@@ -362,7 +362,8 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
         "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": groups.world,
         "backends": backends, "torch": torch.__version__, "python": platform.python_version(),
         "host": socket.gethostname(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("MCCL_", "GLOO_", "OMP_NUM"))},
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("MCCL_", "GLOO_", "OMP_NUM")) and not k.startswith("MCCL_BENCH_")},
         "cpu_source": cpu_source_note(backends),
     }
     if "mccl" in backends:
