@@ -630,7 +630,12 @@ def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float 
 
 
 def iperf3_path() -> str | None:
-    return shutil.which("iperf3")
+    """iperf3 on PATH, else the one bench/bundle_iproute.sh put beside ip and tc."""
+    found = shutil.which("iperf3")
+    for d in (os.environ.get("MCCL_IPROUTE_DIR"), _REPO_TOOLS):
+        if not found and d and os.access(os.path.join(d, "iperf3"), os.X_OK):
+            found = os.path.join(d, "iperf3")
+    return found
 
 
 def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None = None,
@@ -811,6 +816,8 @@ def _command(rest: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.iproute_dir:  # for every lookup here and in the processes this command starts
+        os.environ["MCCL_IPROUTE_DIR"] = os.path.abspath(args.iproute_dir)
     try:
         if args.cmd == "up":
             spec = up(ClusterSpec(id=args.id, hosts=args.hosts, rate=args.rate, mtu=args.mtu, burst=args.burst,
