@@ -414,9 +414,12 @@ def cleanup_on_signals(cleanup: Callable[[], object]) -> Iterator[None]:
     """Turn SIGINT/SIGTERM/SIGHUP into an exception inside the block (so ``finally`` and ``except``
     run), and run ``cleanup`` at interpreter exit if the block is left by an uncaught path."""
     done = threading.Event()
+    fired = []
 
     def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not fired:  # later signals must not interrupt the cleanup the first one started
+            fired.append(signum)
+            raise KeyboardInterrupt(f"signal {signum}")
 
     def at_exit():
         if not done.is_set():
@@ -737,9 +740,8 @@ def _read(path: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mccl.cluster", description=__doc__.split("\n\n")[0] + (
-        " See the module docstring (or docs/PERFORMANCE.md) for the layout."),
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+    p = argparse.ArgumentParser(prog="python -m mccl.cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
             "example (as root):\n"
             "  python -m mccl.cluster up --hosts 4 --rate 2gbit\n"
             "  python -m mccl.cluster goodput\n"
@@ -794,16 +796,43 @@ def _parser() -> argparse.ArgumentParser:
                     help="iperf3 when installed (auto), or the Python socket fallback")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
 
-    # Internal helpers, run inside a namespace by the commands above.
-    sp = sub.add_parser("nsexec", help=argparse.SUPPRESS)
-    sp.add_argument("ns")
-    sp.add_argument("command", nargs=argparse.REMAINDER)
-    for name, args in (("_sink", ["addr", "port"]), ("_source", ["addr", "port", "seconds"]),
-                       ("_accept", ["addr", "port", "count", "timeout"]), ("_connect", ["addr", "port", "timeout"])):
-        sp = sub.add_parser(name, help=argparse.SUPPRESS)
-        for a in args:
-            sp.add_argument(a)
     return p
+
+
+def _internal(argv: list[str]) -> int:
+    """Helpers the commands above run inside a namespace: ``nsexec NS -- CMD...`` (enter NS, exec
+    CMD), ``_sink ADDR PORT``, ``_source ADDR PORT SECONDS`` (goodput), ``_accept ADDR PORT COUNT
+    TIMEOUT`` and ``_connect ADDR PORT TIMEOUT`` (connectivity check)."""
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "nsexec":
+        command = _command(rest[1:])
+        enter_netns(rest[0])
+        os.execvp(command[0], command)
+    addr, port = rest[0], int(rest[1])
+    if cmd == "_sink":
+        with socket.create_server((addr, port)) as ls:
+            print(goodput_sink(ls), flush=True)
+    elif cmd == "_source":
+        goodput_source(addr, port, float(rest[2]))
+    elif cmd == "_accept":
+        with socket.create_server((addr, port)) as ls:
+            ls.settimeout(float(rest[3]))
+            for _ in range(int(rest[2])):
+                ls.accept()[0].close()
+    elif cmd == "_connect":
+        end = time.monotonic() + float(rest[2])
+        while True:
+            try:
+                socket.create_connection((addr, port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+    return 0
+
+
+_INTERNAL = ("nsexec", "_sink", "_source", "_accept", "_connect")
 
 
 def _command(rest: list[str]) -> list[str]:
@@ -815,6 +844,13 @@ def _command(rest: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _INTERNAL:
+        try:
+            return _internal(argv)
+        except ClusterError as exc:
+            print(f"mccl.cluster: error: {exc}", file=sys.stderr)
+            return 2
     args = _parser().parse_args(argv)
     if args.iproute_dir:  # for every lookup here and in the processes this command starts
         os.environ["MCCL_IPROUTE_DIR"] = os.path.abspath(args.iproute_dir)
@@ -852,30 +888,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print(f"single-stream TCP goodput h{args.client} -> h{args.server}: {format_rate(bits)} "
                       f"[{tool}; link {spec.rate}]")
-        elif args.cmd == "nsexec":
-            cmd = _command(args.command)
-            enter_netns(args.ns)
-            os.execvp(cmd[0], cmd)
-        elif args.cmd == "_sink":
-            with socket.create_server((args.addr, int(args.port))) as ls:
-                print(goodput_sink(ls), flush=True)
-        elif args.cmd == "_source":
-            goodput_source(args.addr, int(args.port), float(args.seconds))
-        elif args.cmd == "_accept":
-            with socket.create_server((args.addr, int(args.port))) as ls:
-                ls.settimeout(float(args.timeout))
-                for _ in range(int(args.count)):
-                    ls.accept()[0].close()
-        elif args.cmd == "_connect":
-            end = time.monotonic() + float(args.timeout)
-            while True:
-                try:
-                    socket.create_connection((args.addr, int(args.port)), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > end:
-                        raise
-                    time.sleep(0.05)
         return 0
     except ClusterError as exc:
         print(f"mccl.cluster: error: {exc}", file=sys.stderr)

@@ -35,16 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:] if argv and argv[0] == command else argv
     args = build_parser(command).parse_args(rest)
     module = COMMANDS[command]
-    if runtime.rank_mode():
-        return module.main(args)
-    if hasattr(module, "drive"):
-        return module.drive(args, argv)
     try:
-        env = runtime.driver_goodput_env(args) if hasattr(args, "goodput") else {}
-    except Exception as exc:  # the cluster tool says what is wrong (not root, not up, ...)
-        print(f"mccl.bench: error: {exc}", file=sys.stderr)
-        return 2
-    return runtime.relaunch(argv, args, extra_env=env)
+        if runtime.rank_mode():
+            return module.main(args)
+        if hasattr(module, "drive"):
+            return module.drive(args, argv)
+        try:
+            env = runtime.driver_goodput_env(args) if hasattr(args, "goodput") else {}
+        except Exception as exc:  # the cluster tool says what is wrong (not root, not up, ...)
+            print(f"mccl.bench: error: {exc}", file=sys.stderr)
+            return 2
+        return runtime.relaunch(argv, args, extra_env=env)
+    except KeyboardInterrupt:  # the launcher has already stopped every rank
+        return 130
 
 
 if __name__ == "__main__":

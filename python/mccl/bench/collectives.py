@@ -304,7 +304,10 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
         "cpu_engine_pct": None if any(p["cpu_engine_pct"] is None for p in parts)
         else max(p["cpu_engine_pct"] for p in parts),
         "cpu_proc_pct": max(p["cpu_proc_pct"] for p in parts),
-        "cpu_proc_pct_mean": statistics.fmean(p["cpu_proc_pct"] for p in parts),
+        "per_rank": {"cpu_engine_pct": [p["cpu_engine_pct"] for p in parts],
+                     "cpu_proc_pct": [p["cpu_proc_pct"] for p in parts],
+                     "rss_peak_mib": [p["rss_peak"] / 2 ** 20 for p in parts],
+                     "rss_extra_mib": [(p["rss_peak"] - p["rss_before"]) / 2 ** 20 for p in parts]},
         "skew_ms": args.skew_ms, "skew_rank": skew_rank if args.skew_ms > 0 else None,
     })
     return row
