@@ -256,8 +256,9 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
     """
     require_root("up")
     sh = Shell(iproute_dir, verbose)
-    if existing_names(spec.id, sh):
-        raise ClusterError(f"cluster '{spec.id}' already exists ({', '.join(existing_names(spec.id, sh)[:4])}...); "
+    existing = existing_names(spec.id, sh)
+    if existing:
+        raise ClusterError(f"cluster '{spec.id}' already exists ({', '.join(existing[:4])}...); "
                            f"run python -m mccl.cluster down --id {spec.id} first, or use another --id")
     with cleanup_on_signals(lambda: down(spec.id, iproute_dir, quiet=True)):
         try:
@@ -301,11 +302,15 @@ def _name_pattern(cluster_id: str | None) -> re.Pattern:
     return re.compile(rf"^{re.escape(PREFIX)}{ident}-(h\d+|v\d+|br)$")
 
 
-def _netns_names() -> list[str]:
+def _listdir(path: str) -> list[str]:
     try:
-        return sorted(os.listdir(NETNS_DIR))
+        return sorted(os.listdir(path))
     except FileNotFoundError:
         return []
+
+
+def _netns_names() -> list[str]:
+    return _listdir(NETNS_DIR)
 
 
 def _link_names(sh: Shell) -> list[str]:
@@ -373,18 +378,11 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     return removed
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
 def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str:
     """A human-readable listing of the clusters that exist (one when ``cluster_id`` is given)."""
     lines = []
-    ids = [cluster_id] if cluster_id else sorted({m.group(1) for n in _netns_names()
-                                                  if (m := re.match(rf"^{PREFIX}([a-z0-9]{{1,4}})-h\d+$", n))}
+    pat = _name_pattern(None)
+    ids = [cluster_id] if cluster_id else sorted({n[len(PREFIX):].rsplit("-", 1)[0] for n in _netns_names() if pat.match(n)}
                                                  | {f[:-5] for f in _listdir(STATE_DIR) if f.endswith(".json")})
     if not ids:
         return "no mccl cluster is up"
@@ -611,17 +609,21 @@ def goodput_sink(listener: socket.socket, omit_s: float = GOODPUT_OMIT_S, timeou
     return (total - mark_b) * 8 / (end - mark_t)
 
 
-def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float = 10) -> None:
-    """Connect to ``addr:port`` (retrying until the sink listens) and send for ``seconds``."""
-    end = time.monotonic() + connect_timeout
+def connect_retry(addr: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to ``addr:port``, retried until the other side listens or ``timeout`` s pass."""
+    end = time.monotonic() + timeout
     while True:
         try:
-            sock = socket.create_connection((addr, port), timeout=connect_timeout)
-            break
+            return socket.create_connection((addr, port), timeout=timeout)
         except OSError:
             if time.monotonic() > end:
                 raise
             time.sleep(0.05)
+
+
+def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float = 10) -> None:
+    """Connect to ``addr:port`` (retrying until the sink listens) and send for ``seconds``."""
+    sock = connect_retry(addr, port, connect_timeout)
     payload = bytes(1 << 20)
     with sock:
         stop = time.monotonic() + seconds
@@ -820,15 +822,7 @@ def _internal(argv: list[str]) -> int:
             for _ in range(int(rest[2])):
                 ls.accept()[0].close()
     elif cmd == "_connect":
-        end = time.monotonic() + float(rest[2])
-        while True:
-            try:
-                socket.create_connection((addr, port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.05)
+        connect_retry(addr, port, float(rest[2])).close()
     return 0
 
 

@@ -70,7 +70,7 @@ class Collective:
     expected: Callable[[int, int, int, int], list]
 
 
-def _per_rank_segments(rank, n, count, root, *, blocks_from_rank: bool):
+def _per_rank_segments(rank, n, count, *, blocks_from_rank: bool):
     c = count // n
     # all-gather: block s of the output is rank s's whole input; all-to-all: block s is rank s's
     # block number `rank`.
@@ -83,7 +83,7 @@ COLLECTIVES = {
                              lambda r, n, count, root: [(0, count, [(s, 0) for s in range(n)])]),
     "all_gather": Collective("all_gather", lambda n: (n - 1) / n, False, False, True,
                              lambda count, n: (count // n, count),
-                             lambda r, n, count, root: _per_rank_segments(r, n, count, root, blocks_from_rank=True)),
+                             lambda r, n, count, root: _per_rank_segments(r, n, count, blocks_from_rank=True)),
     "reduce_scatter": Collective("reduce_scatter", lambda n: (n - 1) / n, True, False, True,
                                  lambda count, n: (count, count // n),
                                  lambda r, n, count, root: [(0, count // n, [(s, r * (count // n)) for s in range(n)])]),
@@ -92,7 +92,7 @@ COLLECTIVES = {
                             lambda r, n, count, root: [(0, count, [(root, 0)])]),
     "all_to_all": Collective("all_to_all", lambda n: (n - 1) / n, False, False, True,
                              lambda count, n: (count, count),
-                             lambda r, n, count, root: _per_rank_segments(r, n, count, root, blocks_from_rank=False)),
+                             lambda r, n, count, root: _per_rank_segments(r, n, count, blocks_from_rank=False)),
 }
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
            "bcast": "broadcast", "alltoall": "all_to_all"}
