@@ -21,7 +21,7 @@ class BuildWithLibrary(BuildExtension):
 
 
 setup(
-    packages=["mccl", "mccl.check"],
+    packages=["mccl", "mccl.check", "mccl.bench"],
     package_dir={"": "python"},
     ext_modules=[
         CppExtension(

@@ -1,0 +1,54 @@
+"""``python -m mccl.bench [collectives|overlap|throughput] [options]`` (collectives by default)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import collectives, overlap, runtime, throughput
+
+COMMANDS = {"collectives": collectives, "overlap": overlap, "throughput": throughput}
+
+
+def build_parser(command: str) -> argparse.ArgumentParser:
+    module = COMMANDS[command]
+    prog = "python -m mccl.bench" + ("" if command == "collectives" else f" {command}")
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=module.__doc__,
+        epilog=("commands: python -m mccl.bench [collectives] | overlap | throughput (each has --help)\n"
+                "ranks: under torchrun or `python -m mccl.cluster run` the process is one rank; otherwise it\n"
+                "starts --nproc ranks itself (on this machine, or one per host with --cluster ID).\n"
+                "examples:\n"
+                "  python -m mccl.bench --nproc 2 --backends mccl,gloo -e 16M --goodput measure\n"
+                "  torchrun --standalone --nproc-per-node 4 -m mccl.bench --ops all_reduce --json ar.json\n"
+                "  python -m mccl.bench --cluster c0 --goodput measure --json r.json --plot r.png   # as root\n"
+                "  python -m mccl.bench overlap --nproc 2 --buckets 4\n"
+                "  python -m mccl.bench throughput --nproc 4 --world-sizes 1,2,4"))
+    runtime.add_launch_args(p)
+    module.add_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else "collectives"
+    rest = argv[1:] if argv and argv[0] == command else argv
+    args = build_parser(command).parse_args(rest)
+    module = COMMANDS[command]
+    try:
+        if runtime.rank_mode():
+            return module.main(args)
+        if hasattr(module, "drive"):
+            return module.drive(args, argv)
+        try:
+            env = runtime.driver_goodput_env(args) if hasattr(args, "goodput") else {}
+        except Exception as exc:  # the cluster tool says what is wrong (not root, not up, ...)
+            print(f"mccl.bench: error: {exc}", file=sys.stderr)
+            return 2
+        return runtime.relaunch(argv, args, extra_env=env)
+    except KeyboardInterrupt:  # the launcher has already stopped every rank
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

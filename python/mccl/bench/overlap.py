@@ -1,0 +1,222 @@
+"""How much communication hides behind backward compute: the paper's Fig. 3 (right).
+
+A synthetic training step has ``--buckets`` gradient buckets of ``--bucket-mb`` MiB (DDP's
+``bucket_cap_mb`` unit; 25 by default, as in DDP and the paper). "Backward" for each bucket is a
+fixed number of ``--matmul`` x ``--matmul`` matrix products, calibrated on rank 0 to last
+``--compute-ms`` and then identical on every rank, whose result is written into the bucket. The
+step is timed four ways, the modes interleaved step by step so that drifting machine load
+touches all of them alike:
+
+- ``compute``: the buckets' compute only;
+- ``comm``: all buckets' all-reduces only, all issued asynchronously, then waited for;
+- ``overlap``: DDP-style: each bucket's all-reduce is issued asynchronously as soon as its
+  compute is done, and all are waited for at the end of the step;
+- ``serial``: each bucket's compute, then its blocking all-reduce.
+
+A step's time is the slowest rank's, after a barrier on the control group; the table shows the
+median over ``--steps`` steps. ``hidden = (compute + comm - overlap) / comm``: the share of the
+communication time that the overlapped step did not add to the compute time (100% when the
+step costs no more than its compute, 0% when it costs as much as the serialized step).
+
+With ``--device cuda`` the compute runs on the GPU and each finished bucket is copied into a CPU
+bucket (the copy waits for the kernels) before its all-reduce, as a CPU backend needs today.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from . import runtime
+
+MODES = ("compute", "comm", "overlap", "serial")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("synthetic step")
+    g.add_argument("--buckets", type=int, default=18, help="gradient buckets per step (the paper's ViT: 18)")
+    g.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size in MiB (memory: buckets x this per rank)")
+    g.add_argument("--compute-ms", type=float, default=60.0, help="compute per bucket, in ms (calibrated on rank 0)")
+    g.add_argument("--matmul", type=int, default=256, help="side of the square matrices the compute multiplies")
+    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the compute runs")
+    g.add_argument("--steps", type=int, default=5, help="timed steps per mode")
+    g.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per mode first")
+    g.add_argument("--json", default=None, help="write the results and metadata to this file (rank 0)")
+    g.add_argument("--plot", default=None, help="write a PNG bar chart like the paper's Fig. 3 right (rank 0)")
+
+
+class Step:
+    """The buckets and the calibrated compute of one rank."""
+
+    def __init__(self, args, groups: runtime.Groups):
+        self.args = args
+        self.dev = torch.device(args.device)
+        if self.dev.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device")
+        numel = int(args.bucket_mb * 2 ** 20) // 4
+        self.buckets = [torch.zeros(numel) for _ in range(args.buckets)]
+        m = args.matmul
+        gen = torch.Generator().manual_seed(0)
+        self.a = (torch.randn(m, m, generator=gen) / m).to(self.dev)
+        self.b = torch.randn(m, m, generator=gen).to(self.dev)
+        self.grad = torch.zeros(numel, device=self.dev) if self.dev.type == "cuda" else None
+        self.reps = self._calibrate(groups)
+
+    def _sync(self) -> None:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _calibrate(self, groups: runtime.Groups) -> list[int]:
+        reps = [1]
+        if groups.rank == 0:
+            for _ in range(3):
+                self._matmuls(5)
+            self._sync()
+            t0 = time.perf_counter()
+            n = 20
+            self._matmuls(n)
+            self._sync()
+            per = (time.perf_counter() - t0) / n
+            reps[0] = max(1, round(self.args.compute_ms / 1000 / per))
+        dist.broadcast_object_list(reps, src=0, group=groups.control)
+        return reps[0]
+
+    def _matmuls(self, n: int) -> torch.Tensor:
+        c = self.a
+        for _ in range(n):
+            c = torch.mm(c, self.b)
+            c = c / c.abs().max().clamp_min(1.0)  # keep values finite, the work the same
+        return c
+
+    def compute(self, k: int) -> None:
+        c = self._matmuls(self.reps).view(-1)
+        bucket = self.buckets[k]
+        if self.grad is not None:
+            self.grad[:c.numel()].copy_(c[:self.grad.numel()])
+            bucket.copy_(self.grad)  # device -> host: waits for the kernels, as a staged CPU backend must
+        else:
+            bucket[:c.numel()].copy_(c[:bucket.numel()])
+
+
+def run_mode(mode: str, step: Step, group) -> None:
+    k_all = range(len(step.buckets))
+    if mode == "compute":
+        for k in k_all:
+            step.compute(k)
+    elif mode == "comm":
+        works = [dist.all_reduce(step.buckets[k], group=group, async_op=True) for k in k_all]
+        for w in works:
+            w.wait()
+    elif mode == "overlap":
+        works = []
+        for k in k_all:
+            step.compute(k)
+            works.append(dist.all_reduce(step.buckets[k], group=group, async_op=True))
+        for w in works:
+            w.wait()
+    elif mode == "serial":
+        for k in k_all:
+            step.compute(k)
+            dist.all_reduce(step.buckets[k], group=group)
+    step._sync()
+
+
+def summarize(times: dict) -> dict:
+    med = {m: statistics.median(times[m]) for m in MODES}
+    comm = med["comm"]
+    hidden = 100 * (med["compute"] + comm - med["overlap"]) / comm if comm > 0 else None
+    return {"median_s": med, "mean_s": {m: statistics.fmean(times[m]) for m in MODES}, "steps_s": times,
+            "hidden_pct": hidden, "exposed_comm_s": med["overlap"] - med["compute"],
+            "overhead_pct": 100 * (med["overlap"] - med["compute"]) / med["compute"]}
+
+
+def main(args) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    torch.set_num_threads(args.threads)
+    backends = runtime.split_backends(args.backends)
+    groups = runtime.init_groups(backends, args.pg_timeout)
+    step = Step(args, groups)
+    meta = runtime.run_metadata(groups, backends)
+    meta.update({"buckets": args.buckets, "bucket_mib": args.bucket_mb, "matmuls_per_bucket": step.reps,
+                 "compute_ms_target": args.compute_ms, "device": args.device})
+    rank0 = groups.rank == 0
+    if rank0:
+        print(f"# mccl.bench overlap: {groups.world} ranks, {args.buckets} buckets x {args.bucket_mb:g} MiB, "
+              f"{step.reps} matmuls ({args.matmul}x{args.matmul}, {args.device}) per bucket ~ {args.compute_ms:g} ms "
+              f"on rank 0, {args.threads} thread(s); load average {meta['loadavg_start'][0]:.2f}", flush=True)
+    results = {}
+    for backend in backends:
+        group = groups.by_backend[backend]
+        times = {m: [] for m in MODES}
+        for i in range(args.warmup_steps + args.steps):
+            for mode in MODES:
+                dist.barrier(group=groups.control)
+                t0 = time.perf_counter()
+                run_mode(mode, step, group)
+                elapsed = max(runtime.gather_objects(time.perf_counter() - t0, groups))
+                if i >= args.warmup_steps:
+                    times[mode].append(elapsed)
+        results[backend] = summarize(times)
+        if rank0:
+            r = results[backend]
+            print(f"# {backend}: " + ", ".join(f"{m} {r['median_s'][m] * 1e3:.1f} ms" for m in MODES)
+                  + f"; hidden {r['hidden_pct']:.1f}%", flush=True)
+    if rank0:
+        print_table(results, groups.world)
+        if args.json:
+            runtime.write_json(args.json, {"meta": meta, "results": results})
+            print(f"# wrote {args.json}")
+        if args.plot:
+            plot(results, meta, args.plot)
+            print(f"# wrote {args.plot}")
+    dist.barrier(group=groups.control)
+    dist.destroy_process_group()
+    return 0
+
+
+def print_table(results: dict, world: int) -> None:
+    from rich.table import Table
+
+    from .report import console
+
+    t = Table(title=f"overlap: median step time over ranks ({world} ranks)", title_justify="left")
+    for col in ("backend", "compute (ms)", "comm (ms)", "overlapped (ms)", "serialized (ms)", "exposed comm (ms)",
+                "hidden %", "overhead vs compute %"):
+        t.add_column(col, justify="right")
+    for b, r in results.items():
+        med = r["median_s"]
+        t.add_row(b, *(f"{med[m] * 1e3:.1f}" for m in MODES), f"{r['exposed_comm_s'] * 1e3:.1f}",
+                  "-" if r["hidden_pct"] is None else f"{r['hidden_pct']:.1f}", f"{r['overhead_pct']:.1f}")
+    console().print(t)
+    console().print("# hidden = (compute + comm - overlapped) / comm; overhead = (overlapped - compute) / compute")
+
+
+def plot(results: dict, meta: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(results), 4))
+    width = 0.2
+    labels = ["compute only", "communication only", "overlapped (DDP-style)", "serialized"]
+    for j, mode in enumerate(MODES):
+        xs = [i + (j - 1.5) * width for i in range(len(results))]
+        ax.bar(xs, [r["median_s"][mode] for r in results.values()], width, label=labels[j])
+    for i, r in enumerate(results.values()):
+        if r["hidden_pct"] is not None:
+            ax.annotate(f"{r['hidden_pct']:.0f}% hidden", (i, max(r["median_s"].values())), ha="center",
+                        va="bottom", fontsize=9)
+    ax.set_xticks(range(len(results)), [f"{b}, N={meta['world_size']}" for b in results])
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"{meta['buckets']} x {meta['bucket_mib']:g} MiB buckets, {meta['device']} compute")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,382 @@
+"""What every benchmark shares: launching ranks, process groups, CPU/RSS probes, goodput, metadata.
+
+A benchmark command runs in one of two modes:
+
+- **rank mode**, when ``RANK`` and ``WORLD_SIZE`` are set (torchrun, ``python -m mccl.cluster run``,
+  or this module's own launcher): the process is one rank and runs the benchmark;
+- **driver mode** otherwise: the command starts ``--nproc`` copies of itself in rank mode, on this
+  machine over loopback, or with ``--cluster ID`` one per host of an emulated cluster
+  (``mccl.cluster``), and waits for them under a deadline (``--deadline``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import psutil
+
+from .. import cluster
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: Thread names (``/proc/<pid>/task/<tid>/comm``) of each backend's progress threads. libmccl does
+#: not name its engine thread yet, so for mccl the pattern matches nothing and the probe falls back
+#: to the CPU time of the whole process (and says so in every report).
+ENGINE_THREADS = {"mccl": r"^mccl", "gloo": r"^(gloo|pt_gloo)"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes and launching
+# ---------------------------------------------------------------------------------------------
+
+def rank_mode() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    """Options every benchmark command has: backends, where the ranks run, deadlines, threads."""
+    g = p.add_argument_group("ranks (driver mode: without RANK/WORLD_SIZE in the environment)")
+    g.add_argument("--nproc", type=int, default=None,
+                   help="ranks to start: default 2 on this machine, or one per host with --cluster")
+    g.add_argument("--cluster", metavar="ID", default=None,
+                   help="start the ranks in emulated cluster ID (python -m mccl.cluster up; needs root), "
+                        "rank i in host i")
+    g.add_argument("--deadline", type=float, default=3600.0,
+                   help="seconds after which every rank is killed and the run fails")
+    p.add_argument("--backends", default="mccl,gloo",
+                   help="comma-separated torch.distributed backends, measured in the same processes")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--pg-timeout", type=float, default=600.0, help="process-group timeout (s)")
+
+
+def split_backends(text: str) -> list[str]:
+    backends = [b.strip() for b in text.split(",") if b.strip()]
+    if not backends or len(set(backends)) != len(backends):
+        raise SystemExit(f"--backends {text!r}: give one or more distinct backend names, e.g. mccl,gloo")
+    return backends
+
+
+def driver_spec(args) -> tuple[cluster.ClusterSpec | None, int]:
+    """The cluster (None for local) and world size a driver-mode run uses."""
+    spec = None
+    if args.cluster:
+        cluster.require_root("--cluster")
+        spec = cluster.load_spec(args.cluster)
+    nproc = args.nproc or (spec.hosts if spec else 2)
+    return spec, nproc
+
+
+def relaunch(argv: list[str], args, world_size: int | None = None, extra_env: dict[str, str] | None = None) -> int:
+    """Run ``python -m mccl.bench ARGV`` as ranks (driver mode); returns the job's exit status."""
+    spec, nproc = driver_spec(args)
+    cmd = [sys.executable, "-m", "mccl.bench", *argv]
+    try:
+        return cluster.launch(cmd, world_size or nproc, spec=spec, timeout=args.deadline, extra_env=extra_env)
+    except cluster.ClusterError as exc:
+        print(f"mccl.bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+@dataclass
+class Groups:
+    """The process groups of one rank: ``control`` (gloo) carries the benchmark's own bookkeeping,
+    so none of it travels over a backend under test; ``by_backend`` holds one group per backend."""
+
+    rank: int
+    world: int
+    control: object
+    by_backend: dict
+
+
+def init_groups(backends: list[str], timeout_s: float) -> Groups:
+    import torch.distributed as dist
+
+    if "mccl" in backends:
+        import mccl  # noqa: F401  (registers the backend)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", timeout=timeout)
+    groups = {b: dist.new_group(backend=b, timeout=timeout) for b in backends}
+    return Groups(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, groups)
+
+
+def gather_objects(obj, groups: Groups) -> list:
+    """Every rank's ``obj`` on every rank, over the control group."""
+    import torch.distributed as dist
+
+    out = [None] * groups.world
+    dist.all_gather_object(out, obj, group=groups.control)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU and memory probes (Linux /proc; psutil elsewhere)
+# ---------------------------------------------------------------------------------------------
+
+def _thread_cpu(pattern: str) -> tuple[float, int]:
+    """(CPU seconds, number of threads) over this process's threads whose name matches ``pattern``.
+
+    Per thread, the first field of /proc/self/task/<tid>/schedstat (run time in ns), else utime +
+    stime from .../stat (clock ticks, 10 ms resolution)."""
+    rx = re.compile(pattern)
+    seconds, count = 0.0, 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not rx.search(f.read().strip()):
+                    continue
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    seconds += int(f.read().split()[0]) / 1e9
+            except (OSError, IndexError, ValueError):
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                seconds += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+            count += 1
+        except OSError:
+            pass  # the thread ended
+    return seconds, count
+
+
+class CpuProbe:
+    """CPU time of a backend's engine threads, found by name, or of the whole process.
+
+    ``start()`` then ``stop()`` give the CPU use over the interval in percent of one core:
+    ``engine`` from the threads named like ``ENGINE_THREADS[backend]`` (None when no thread has
+    such a name), ``process`` from the whole process (every thread, the benchmark's own included).
+    """
+
+    def __init__(self, backend: str):
+        self.pattern = ENGINE_THREADS.get(backend)
+        self.has_proc = os.path.isdir("/proc/self/task")
+
+    def engine_threads(self) -> int:
+        return self._engine()[1]
+
+    def _engine(self) -> tuple[float, int]:
+        return _thread_cpu(self.pattern) if self.pattern and self.has_proc else (0.0, 0)
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.p0 = time.process_time()
+        self.e0 = self._engine()
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        proc = time.process_time() - self.p0
+        e1 = self._engine()
+        engine = 100.0 * (e1[0] - self.e0[0]) / wall if e1[1] > 0 else None
+        return {"cpu_engine_pct": engine, "cpu_proc_pct": 100.0 * proc / wall, "engine_threads": e1[1]}
+
+
+def cpu_source_note(backends: list[str]) -> dict:
+    """Which CPU number each backend's column shows, and why (after the groups are created)."""
+    notes = {}
+    for b in backends:
+        n = CpuProbe(b).engine_threads()
+        if n:
+            notes[b] = (f"engine: {n} thread(s) named /{ENGINE_THREADS[b]}/ (every group of this backend in "
+                        f"the process, idle ones included)")
+        else:
+            notes[b] = (f"process: no thread is named /{ENGINE_THREADS.get(b, '-')}/ "
+                        f"(unnamed engine thread), so this is the CPU of the whole rank process")
+    return notes
+
+
+_libc = None
+
+
+def trim_heap() -> None:
+    """Return free heap memory to the OS (glibc malloc_trim), so RSS before a run is what is live."""
+    global _libc
+    gc.collect()
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    """Peak resident set size in bytes since the last reset (VmHWM), else since process start."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def current_rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+# ---------------------------------------------------------------------------------------------
+# Goodput
+# ---------------------------------------------------------------------------------------------
+
+def parse_goodput(text: str | None) -> dict | None:
+    """``--goodput``: None/"none", "measure", or a rate in tc units (``1.91gbit``, ``0.238gbps``)."""
+    text = text or os.environ.get("MCCL_BENCH_GOODPUT")
+    if not text or text == "none":
+        return None
+    if text == "measure":
+        return {"measure": True}
+    return {"bits_per_s": cluster.parse_rate(text), "tool": "given", "how": f"given as {text}"}
+
+
+def measure_goodput_in_run(groups: Groups, seconds: float, tool: str = "auto") -> dict | None:
+    """Single-stream TCP goodput from rank 1 to rank 0 (at MASTER_ADDR), measured by the ranks
+    themselves before the benchmark, with iperf3 when installed and ``tool`` is auto, else Python
+    sockets. Every rank returns the same dict; None for a single rank."""
+    import torch.distributed as dist
+
+    if groups.world < 2:
+        return None
+    tool = ("iperf3" if cluster.iperf3_path() else "python") if tool == "auto" else tool
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    result: dict = {}
+    server = None
+    listener = None
+    port = [0]
+    if groups.rank == 0:
+        if tool == "iperf3":
+            port[0] = cluster.free_port("")
+            server = subprocess.Popen([cluster.iperf3_path() or "iperf3", "-s", "-1", "-p", str(port[0])],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            listener = socket.create_server(("", 0))
+            port[0] = listener.getsockname()[1]
+
+            def sink():
+                try:
+                    result["bits_per_s"] = cluster.goodput_sink(listener)
+                except Exception as exc:  # reported below
+                    result["error"] = str(exc)
+
+            thread = threading.Thread(target=sink, daemon=True)
+            thread.start()
+    dist.broadcast_object_list(port, src=0, group=groups.control)
+    try:
+        if groups.rank == 1:
+            try:
+                if tool == "iperf3":
+                    result["bits_per_s"] = cluster.goodput_iperf3_client(addr, port[0], seconds)
+                else:
+                    cluster.goodput_source(addr, port[0], seconds)
+            except Exception as exc:
+                result["error"] = str(exc)
+        if groups.rank == 0 and listener is not None:
+            thread.join(timeout=seconds + 60)
+        dist.barrier(group=groups.control)  # rank 1 is done: the server may go
+    finally:
+        if server is not None and server.poll() is None:
+            server.kill()
+        if server is not None:
+            server.wait()
+        if listener is not None:
+            listener.close()
+    merged: dict = {}
+    for part in gather_objects(result, groups)[:2]:
+        merged.update(part)
+    if "error" in merged or "bits_per_s" not in merged:
+        raise RuntimeError(f"goodput measurement failed: {merged.get('error', 'no result')}")
+    return {"bits_per_s": merged["bits_per_s"], "tool": tool,
+            "how": f"measured in this run, rank 1 -> rank 0 ({addr}), one TCP stream, {seconds:g} s, {tool}"}
+
+
+def resolve_goodput(args, groups: Groups) -> dict | None:
+    """The goodput of this run (same on every rank), or None: given, measured by the driver with
+    the cluster tool (passed in MCCL_BENCH_GOODPUT/_HOW), or measured here by ranks 0 and 1."""
+    how = os.environ.get("MCCL_BENCH_GOODPUT_HOW")
+    if args.goodput == "measure" and how:
+        return {"bits_per_s": cluster.parse_rate(os.environ["MCCL_BENCH_GOODPUT"]), "tool": "mccl.cluster", "how": how}
+    gp = parse_goodput(args.goodput)
+    if gp and gp.get("measure"):
+        gp = measure_goodput_in_run(groups, args.goodput_seconds, args.goodput_tool)
+    return gp
+
+
+def add_goodput_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("goodput (the ceiling busbw is compared with)")
+    g.add_argument("--goodput", default=None,
+                   help="'measure' (single TCP stream rank 1 -> rank 0 before the benchmark; with --cluster "
+                        "the cluster tool measures host 1 -> host 0), a rate in tc units such as 1.91gbit "
+                        "(bits) or 0.238gbps (bytes), or 'none'; default $MCCL_BENCH_GOODPUT or none")
+    g.add_argument("--goodput-seconds", type=float, default=5.0, help="length of the goodput measurement")
+    g.add_argument("--goodput-tool", default="auto", choices=["auto", "iperf3", "python"],
+                   help="iperf3 when installed (auto) or Python sockets")
+
+
+def driver_goodput_env(args) -> dict[str, str]:
+    """Driver mode with --cluster --goodput measure: measure with the cluster tool before launching
+    and hand the value to the ranks (MCCL_BENCH_GOODPUT plus how it was measured)."""
+    if not (args.cluster and args.goodput == "measure"):
+        return {}
+    spec, _ = driver_spec(args)
+    bits, tool = cluster.measure_goodput(spec, 0, 1, args.goodput_seconds, args.goodput_tool)
+    print(f"# goodput h1 -> h0 (cluster tool, {tool}): {cluster.format_rate(bits)}", flush=True)
+    return {"MCCL_BENCH_GOODPUT": f"{bits:.0f}bit",
+            "MCCL_BENCH_GOODPUT_HOW": f"measured in this run by mccl.cluster, host 1 -> host 0, one TCP stream, "
+                                      f"{args.goodput_seconds:g} s, {tool}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata
+# ---------------------------------------------------------------------------------------------
+
+def run_metadata(groups: Groups, backends: list[str]) -> dict:
+    """What a reader needs to judge the numbers: versions, world, machine, load, MCCL_* settings."""
+    import torch
+
+    meta = {
+        "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": groups.world,
+        "backends": backends, "torch": torch.__version__, "python": platform.python_version(),
+        "host": socket.gethostname(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("MCCL_", "GLOO_", "OMP_NUM")) and not k.startswith("MCCL_BENCH_")},
+        "cpu_source": cpu_source_note(backends),
+    }
+    if "mccl" in backends:
+        import mccl
+
+        meta["mccl"] = ".".join(map(str, mccl.version))
+    with contextlib.suppress(Exception):
+        meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     timeout=5, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return meta
+
+
+def write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)

@@ -1,0 +1,894 @@
+"""An emulated cluster on one Linux machine: N hosts as network namespaces on one bridge.
+
+Every host is a network namespace ``mccl-<id>-h<i>`` with one interface ``eth0`` (address
+``198.18.0.<i+1>/24`` by default, from the benchmarking range RFC 2544 reserves, so it never meets
+a real network). Its other end ``mccl-<id>-v<i>`` is a port of the bridge ``mccl-<id>-br``, the
+"switch". Both ends of every veth are shaped with ``tbf`` at the given rate (so traffic is limited
+into and out of every host, as on a full-duplex link) and use MTU 9000 (jumbo frames, as in the
+paper). Every name the tool creates starts with ``mccl-<id>-``, so clusters with different ids and
+anything else on the machine never collide, and ``down`` finds everything by name even when the
+process that brought the cluster up crashed.
+
+Commands (``python -m mccl.cluster <command> --help`` for options; all but ``status`` need root)::
+
+    up       --hosts 4 --rate 2gbit        bring a cluster up (rolled back if anything fails)
+    down     [--all]                        remove everything it created; idempotent
+    status                                  what exists now, with addresses and qdiscs
+    run      [--nproc N] -- CMD ARGS...     CMD once per rank, rank i in host i, torchrun-style env
+    exec     --host I -- CMD ARGS...        one command inside host I (no rank environment)
+    goodput  [--server 0 --client 1]        single-stream TCP goodput between two hosts
+
+``run`` gives every rank MASTER_ADDR/MASTER_PORT (host 0), RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME,
+TORCHELASTIC_RUN_ID, OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0 (Gloo otherwise resolves the
+machine's host name to an address that does not exist inside the namespace), and kills every rank
+when one fails, when the deadline passes, or when the tool itself is interrupted.
+
+``goodput`` uses iperf3 (Debian package ``iperf3``) when it is installed and otherwise a Python
+socket sender/receiver; both measure one TCP stream's payload rate at the receiver after a
+warm-up second, which is what a ring link can carry.
+
+The ``ip`` and ``tc`` binaries come from ``--iproute-dir DIR`` (or ``MCCL_IPROUTE_DIR``), else from
+``PATH``, else from the repository's ``.tools/iproute`` that ``bench/bundle_iproute.sh`` fills on a
+machine that has them (for machines without iproute2, such as the team's GPU machine). Running a
+command inside a host needs no binary: the tool enters the namespace itself with ``setns(2)``.
+
+This module uses only the standard library and no relative imports, so it also runs as a plain
+script (``python3 python/mccl/cluster.py ...``) where the ``mccl`` extension is not built.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Sequence
+
+PREFIX = "mccl-"
+DEFAULT_ID = "c0"
+DEFAULT_SUBNET = "198.18.0.0/24"
+DEFAULT_MASTER_PORT = 29500
+STATE_DIR = "/run/mccl-cluster"
+NETNS_DIR = "/run/netns"
+HOST_IFNAME = "eth0"
+CLONE_NEWNET = 0x40000000
+_ID_RE = re.compile(r"^[a-z0-9]{1,4}$")
+_HERE = os.path.abspath(__file__)
+_REPO_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))), ".tools", "iproute")
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message says what and how to fix it."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Units
+# ---------------------------------------------------------------------------------------------
+
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
+
+
+def parse_rate(text: str) -> float:
+    """Parse a link rate such as ``2gbit``, ``500mbit`` or ``1.5Gbit/s`` into bits per second.
+
+    Units follow tc(8): ``bit``/``kbit``/``mbit``/``gbit`` are bits (powers of 1000) and
+    ``bps``/``kbps``/``mbps``/``gbps`` are bytes per second. Raises ValueError otherwise.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)(/s)?\s*", text)
+    if not m or m.group(2).lower() not in _RATE_UNITS:
+        raise ValueError(f"cannot parse rate {text!r}: use a number and a tc unit, e.g. 2gbit, 500mbit")
+    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+
+
+def format_rate(bits_per_s: float) -> str:
+    """``1.91 Gbit/s (0.239 GB/s)``: bits in powers of 1000, bytes as nccl-tests' GB/s (1e9 B/s)."""
+    return f"{bits_per_s / 1e9:.3f} Gbit/s ({bits_per_s / 8e9:.4f} GB/s)"
+
+
+# ---------------------------------------------------------------------------------------------
+# ip and tc
+# ---------------------------------------------------------------------------------------------
+
+def require_root(what: str) -> None:
+    """Exit with a clear message when not root (namespaces, veths and qdiscs need CAP_NET_ADMIN)."""
+    if os.geteuid() != 0:
+        raise ClusterError(f"'{what}' needs root (network namespaces, veth links and tc qdiscs need "
+                           f"CAP_NET_ADMIN); run it as root, e.g. with sudo")
+
+
+def find_iproute(iproute_dir: str | None = None) -> tuple[list[str], list[str]]:
+    """Return the argv prefixes that run ``ip`` and ``tc``.
+
+    Order: ``iproute_dir`` (or ``$MCCL_IPROUTE_DIR``), then ``PATH``, then the repository's
+    ``.tools/iproute``. A bundle directory holds either wrapper scripts ``ip`` and ``tc`` (what
+    bench/bundle_iproute.sh writes) or plain binaries with their libraries in ``lib/``, which are
+    then run with ``LD_LIBRARY_PATH`` set for that one process only.
+    """
+    iproute_dir = iproute_dir or os.environ.get("MCCL_IPROUTE_DIR")
+    candidates = [iproute_dir] if iproute_dir else []
+    if not iproute_dir:
+        ip, tc = shutil.which("ip"), shutil.which("tc")
+        if ip and tc:
+            return [ip], [tc]
+        candidates.append(_REPO_TOOLS)
+    for d in candidates:
+        ip, tc = os.path.join(d, "ip"), os.path.join(d, "tc")
+        if os.access(ip, os.X_OK) and os.access(tc, os.X_OK):
+            lib = os.path.join(d, "lib")
+            pre = ["env", f"LD_LIBRARY_PATH={lib}"] if _is_elf(ip) and os.path.isdir(lib) else []
+            return pre + [ip], pre + [tc]
+    where = iproute_dir or f"PATH or {_REPO_TOOLS}"
+    raise ClusterError(f"no ip/tc binaries in {where}: install iproute2 (apt-get install iproute2), or "
+                       f"run bench/bundle_iproute.sh on a machine that has it and pass --iproute-dir")
+
+
+def _is_elf(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+class Shell:
+    """Runs ip/tc commands, raising ClusterError with the command and its stderr on failure."""
+
+    def __init__(self, iproute_dir: str | None = None, verbose: bool = False):
+        self.ip, self.tc = find_iproute(iproute_dir)
+        self.verbose = verbose
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        if self.verbose:
+            print("+", " ".join(argv[2:] if argv[0] == "env" else argv), file=sys.stderr)
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr.strip()}")
+        return proc
+
+    def ip_(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run(self.ip + list(args), check)
+
+    def tc_(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run(self.tc + list(args), check)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster's layout
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ClusterSpec:
+    """What ``up`` builds; saved as JSON in /run/mccl-cluster/<id>.json for the other commands."""
+
+    id: str = DEFAULT_ID
+    hosts: int = 2
+    rate: str = "1gbit"
+    mtu: int = 9000
+    burst: str = "auto"
+    latency: str = "50ms"
+    subnet: str = DEFAULT_SUBNET
+    created: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if not _ID_RE.match(self.id):
+            raise ClusterError(f"cluster id {self.id!r} must be 1-4 lowercase letters or digits "
+                               f"(interface names are limited to 15 characters)")
+        net = ipaddress.ip_network(self.subnet)
+        if not 1 <= self.hosts <= min(999, net.num_addresses - 2):
+            raise ClusterError(f"--hosts {self.hosts}: must be 1 to {min(999, net.num_addresses - 2)} for {self.subnet}")
+        parse_rate(self.rate)
+
+    @property
+    def prefix(self) -> str:
+        return f"{PREFIX}{self.id}-"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br"
+
+    def netns(self, i: int) -> str:
+        return f"{self.prefix}h{i}"
+
+    def veth(self, i: int) -> str:
+        return f"{self.prefix}v{i}"
+
+    def addr(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.subnet)[i + 1])
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    @property
+    def rate_bits(self) -> float:
+        return parse_rate(self.rate)
+
+    def tc_rate(self) -> str:
+        return f"{int(self.rate_bits)}bit"
+
+    def tc_burst(self) -> str:
+        """``auto``: 1 ms of traffic at the link rate, at least 64 KiB. A full bucket lets a burst
+        of this many bytes through at memory speed, so transfers much smaller than the burst are
+        not limited by the link rate; a smaller bucket costs goodput (timer resolution)."""
+        if self.burst != "auto":
+            return self.burst
+        return f"{max(64 * 1024, int(self.rate_bits / 8 / 1000))}b"
+
+
+def state_path(cluster_id: str) -> str:
+    return os.path.join(STATE_DIR, f"{cluster_id}.json")
+
+
+def load_spec(cluster_id: str = DEFAULT_ID) -> ClusterSpec:
+    """The spec of a cluster that is up; raises ClusterError naming the fix when there is none."""
+    try:
+        with open(state_path(cluster_id)) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ClusterError(f"cluster '{cluster_id}' is not up (no {state_path(cluster_id)}); "
+                           f"bring it up with: python -m mccl.cluster up --id {cluster_id} --hosts N --rate R") from None
+    spec = ClusterSpec(**data)
+    missing = [spec.netns(i) for i in range(spec.hosts) if not os.path.exists(os.path.join(NETNS_DIR, spec.netns(i)))]
+    if missing:
+        raise ClusterError(f"cluster '{cluster_id}' is incomplete (missing {', '.join(missing)}): run "
+                           f"python -m mccl.cluster down --id {cluster_id} and bring it up again")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# up / down / status
+# ---------------------------------------------------------------------------------------------
+
+def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False, check: bool = True) -> ClusterSpec:
+    """Create the bridge, the namespaces, the shaped veths and the addresses; write the state file.
+
+    Anything that fails (or a SIGINT/SIGTERM during the bring-up) removes what was created so far.
+    Raises ClusterError when the cluster id is already in use.
+    """
+    require_root("up")
+    sh = Shell(iproute_dir, verbose)
+    existing = existing_names(spec.id, sh)
+    if existing:
+        raise ClusterError(f"cluster '{spec.id}' already exists ({', '.join(existing[:4])}...); "
+                           f"run python -m mccl.cluster down --id {spec.id} first, or use another --id")
+    with cleanup_on_signals(lambda: down(spec.id, iproute_dir, quiet=True)):
+        try:
+            os.makedirs(STATE_DIR, exist_ok=True)
+            # The state file is written first: a crash part way leaves something `down` can read.
+            _write_state(spec)
+            tbf = ["tbf", "rate", spec.tc_rate(), "burst", spec.tc_burst(), "latency", spec.latency]
+            sh.ip_("link", "add", spec.bridge, "type", "bridge")
+            for i in range(spec.hosts):
+                ns, veth = spec.netns(i), spec.veth(i)
+                sh.ip_("netns", "add", ns)
+                sh.ip_("link", "add", veth, "mtu", str(spec.mtu), "type", "veth",
+                       "peer", "name", HOST_IFNAME, "mtu", str(spec.mtu), "netns", ns)
+                sh.ip_("link", "set", veth, "master", spec.bridge)
+                sh.ip_("link", "set", veth, "up")
+                sh.ip_("-n", ns, "link", "set", "lo", "up")
+                sh.ip_("-n", ns, "addr", "add", f"{spec.addr(i)}/{spec.prefixlen}", "dev", HOST_IFNAME)
+                sh.ip_("-n", ns, "link", "set", HOST_IFNAME, "up")
+                # Shape both directions: the bridge side limits what reaches the host, the host
+                # side what leaves it.
+                sh.tc_("qdisc", "replace", "dev", veth, "root", *tbf)
+                sh.tc_("-n", ns, "qdisc", "replace", "dev", HOST_IFNAME, "root", *tbf)
+            sh.ip_("link", "set", spec.bridge, "mtu", str(spec.mtu), "up")
+            if check:
+                check_connectivity(spec)
+        except BaseException:
+            down(spec.id, iproute_dir, quiet=True)
+            raise
+    return spec
+
+
+def _write_state(spec: ClusterSpec) -> None:
+    tmp = state_path(spec.id) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(asdict(spec), f, indent=1)
+    os.replace(tmp, state_path(spec.id))
+
+
+def _name_pattern(cluster_id: str | None) -> re.Pattern:
+    ident = re.escape(cluster_id) if cluster_id else "[a-z0-9]{1,4}"
+    return re.compile(rf"^{re.escape(PREFIX)}{ident}-(h\d+|v\d+|br)$")
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+
+
+def _netns_names() -> list[str]:
+    return _listdir(NETNS_DIR)
+
+
+def _link_names(sh: Shell) -> list[str]:
+    out = sh.ip_("-o", "link", "show").stdout
+    # "12: mccl-c0-v0@if2: <...>": the name ends at '@' (peer) or ':'.
+    return [m.group(1) for m in re.finditer(r"^\d+:\s+([^:@\s]+)", out, re.M)]
+
+
+def existing_names(cluster_id: str | None, sh: Shell | None = None) -> list[str]:
+    """Namespaces and links of cluster ``cluster_id`` (of every cluster when None) that exist now."""
+    pat = _name_pattern(cluster_id)
+    names = [n for n in _netns_names() if pat.match(n)]
+    if sh is not None:
+        names += [n for n in _link_names(sh) if pat.match(n)]
+    return names
+
+
+def netns_pids(ns: str) -> list[int]:
+    """Processes whose network namespace is ``ns`` (what ``ip netns pids`` does, without ip)."""
+    try:
+        ino = os.stat(os.path.join(NETNS_DIR, ns)).st_ino
+    except FileNotFoundError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == ino:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, quiet: bool = False,
+         verbose: bool = False) -> list[str]:
+    """Remove every namespace and link named ``mccl-<id>-*`` and the state file; kill processes left
+    in those namespaces. Idempotent: returns what it removed (nothing when nothing was there).
+    ``cluster_id=None`` removes every cluster this tool's naming pattern matches."""
+    require_root("down")
+    sh = Shell(iproute_dir, verbose)
+    pat = _name_pattern(cluster_id)
+    removed = []
+    for ns in [n for n in _netns_names() if pat.match(n)]:
+        pids = netns_pids(ns)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        sh.ip_("netns", "del", ns, check=False)  # also deletes the veth pair (its end lives there)
+        removed.append(ns + (f" (killed {len(pids)} processes)" if pids else ""))
+    for link in [n for n in _link_names(sh) if pat.match(n)]:
+        if sh.ip_("link", "del", link, check=False).returncode == 0:
+            removed.append(link)
+    ids = [cluster_id] if cluster_id else [f[:-5] for f in _listdir(STATE_DIR) if f.endswith(".json")]
+    for cid in ids:
+        for path in (state_path(cid), state_path(cid) + ".tmp"):
+            if os.path.exists(path):
+                os.unlink(path)
+                removed.append(path)
+    left = existing_names(cluster_id, sh)
+    if left:
+        raise ClusterError(f"could not remove: {', '.join(left)}")
+    if not quiet:
+        print(f"removed {len(removed)}: " + ", ".join(removed) if removed else "nothing to remove")
+    return removed
+
+
+def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str:
+    """A human-readable listing of the clusters that exist (one when ``cluster_id`` is given)."""
+    lines = []
+    pat = _name_pattern(None)
+    ids = [cluster_id] if cluster_id else sorted({n[len(PREFIX):].rsplit("-", 1)[0] for n in _netns_names() if pat.match(n)}
+                                                 | {f[:-5] for f in _listdir(STATE_DIR) if f.endswith(".json")})
+    if not ids:
+        return "no mccl cluster is up"
+    try:
+        sh = Shell(iproute_dir)
+    except ClusterError:
+        sh = None
+    for cid in ids:
+        try:
+            spec = load_spec(cid)
+        except ClusterError as exc:
+            lines.append(f"cluster {cid}: {exc}")
+            continue
+        lines.append(f"cluster {cid}: {spec.hosts} hosts, tbf {spec.rate} (burst {spec.tc_burst()}, latency "
+                     f"{spec.latency}) both ways, MTU {spec.mtu}, bridge {spec.bridge}")
+        for i in range(spec.hosts):
+            qdisc = ""
+            if sh is not None and os.geteuid() == 0:
+                qdisc = sh.tc_("qdisc", "show", "dev", spec.veth(i), check=False).stdout.strip().split("\n")[0]
+            lines.append(f"  h{i}: netns {spec.netns(i)}  {HOST_IFNAME} {spec.addr(i)}/{spec.prefixlen}  "
+                         f"{spec.veth(i)}: {qdisc}  processes: {len(netns_pids(spec.netns(i)))}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def cleanup_on_signals(cleanup: Callable[[], object]) -> Iterator[None]:
+    """Turn SIGINT/SIGTERM/SIGHUP into an exception inside the block (so ``finally`` and ``except``
+    run), and run ``cleanup`` at interpreter exit if the block is left by an uncaught path."""
+    done = threading.Event()
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:  # later signals must not interrupt the cleanup the first one started
+            fired.append(signum)
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    def at_exit():
+        if not done.is_set():
+            with contextlib.suppress(Exception):
+                cleanup()
+
+    import atexit
+
+    atexit.register(at_exit)
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        done.set()
+        atexit.unregister(at_exit)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running commands inside hosts
+# ---------------------------------------------------------------------------------------------
+
+def enter_netns(ns: str) -> None:
+    """Move the calling thread (the process, when single-threaded) into network namespace ``ns``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(os.path.join(NETNS_DIR, ns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise ClusterError(f"setns({ns}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def ns_argv(ns: str | None, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` inside namespace ``ns`` (unchanged for None): this file's ``nsexec``
+    command enters the namespace and then execs ``argv``, keeping cwd and environment."""
+    if ns is None:
+        return list(argv)
+    return [sys.executable, _HERE, "nsexec", ns, "--", *argv]
+
+
+def rank_env(rank: int, world_size: int, master_addr: str, master_port: int, *, local_rank: int = 0,
+             local_world_size: int = 1, node_rank: int | None = None, nnodes: int | None = None,
+             run_id: str = "mccl-cluster") -> dict[str, str]:
+    """The environment torchrun gives a worker (see torch/distributed/elastic/agent/server/api.py)."""
+    node_rank = rank // local_world_size if node_rank is None else node_rank
+    nnodes = -(-world_size // local_world_size) if nnodes is None else nnodes
+    return {
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": run_id, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = None, nproc_per_host: int = 1,
+           timeout: float | None = None, extra_env: dict[str, str] | None = None, tag_rank0: bool = False,
+           master_port: int | None = None, out=None) -> int:
+    """Run ``argv`` as ``world_size`` ranks and wait for all of them; return the job's exit status.
+
+    Without ``spec`` the ranks run on this machine over loopback (like ``torchrun --standalone``);
+    with it, rank r runs in host ``r // nproc_per_host``. Output is forwarded line by line, every
+    line of rank r > 0 (and of rank 0 when ``tag_rank0``) prefixed with ``[rank r]``. When a rank
+    fails, the deadline passes or this process gets SIGINT/SIGTERM/SIGHUP, every rank's process
+    group is killed (SIGTERM, then SIGKILL after 5 s). Returns 0 when all ranks exited 0, 124 on
+    timeout, else the first non-zero exit status (128+signal for a signalled rank).
+    """
+    out = out or sys.stdout.buffer
+    if spec is not None:
+        hosts_needed = -(-world_size // nproc_per_host)
+        if hosts_needed > spec.hosts:
+            raise ClusterError(f"{world_size} ranks at {nproc_per_host} per host need {hosts_needed} hosts; "
+                               f"cluster '{spec.id}' has {spec.hosts}")
+        master_addr, master_port = spec.addr(0), master_port or DEFAULT_MASTER_PORT
+    else:
+        master_addr, master_port = "127.0.0.1", master_port or free_port()
+    procs: list[subprocess.Popen] = []
+    lock = threading.Lock()
+
+    def pump(rank: int, stream) -> None:
+        tag = b"" if rank == 0 and not tag_rank0 else f"[rank {rank}] ".encode()
+        for line in iter(stream.readline, b""):
+            with lock:
+                out.write(tag + line)
+                out.flush()
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        end = time.monotonic() + 5
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # also whatever a rank left in its group
+            p.wait()
+
+    pumps = []
+    status_code = 0
+    with cleanup_on_signals(kill_all):
+        try:
+            for rank in range(world_size):
+                host = rank // nproc_per_host
+                env = dict(os.environ)
+                env.update(rank_env(rank, world_size, master_addr, master_port, local_rank=rank % nproc_per_host,
+                                    local_world_size=nproc_per_host))
+                if spec is not None:
+                    env.update({"GLOO_SOCKET_IFNAME": HOST_IFNAME, "MCCL_CLUSTER_ID": spec.id,
+                                "MCCL_CLUSTER_HOST": str(host), "MCCL_CLUSTER_RATE": spec.rate})
+                env.update(extra_env or {})
+                p = subprocess.Popen(ns_argv(spec.netns(host) if spec else None, argv), env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+                procs.append(p)
+                t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
+                t.start()
+                pumps.append(t)
+            deadline = time.monotonic() + timeout if timeout else None
+            while True:
+                codes = [p.poll() for p in procs]
+                failed = [c for c in codes if c not in (None, 0)]
+                if failed:
+                    status_code = failed[0] if failed[0] > 0 else 128 - failed[0]
+                    bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+                    print(f"mccl.cluster: rank(s) {bad} exited with {failed}; stopping the others", file=sys.stderr)
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                if deadline and time.monotonic() > deadline:
+                    print(f"mccl.cluster: deadline of {timeout:.0f} s passed; killing every rank", file=sys.stderr)
+                    status_code = 124
+                    break
+                time.sleep(0.05)
+        finally:
+            kill_all()
+            for t in pumps:
+                t.join(timeout=2)
+    return status_code
+
+
+# ---------------------------------------------------------------------------------------------
+# Goodput
+# ---------------------------------------------------------------------------------------------
+
+GOODPUT_OMIT_S = 1.0
+
+
+def goodput_sink(listener: socket.socket, omit_s: float = GOODPUT_OMIT_S, timeout: float = 60) -> float:
+    """Accept one connection on ``listener`` and read until EOF; return the payload rate in bits/s
+    measured at the receiver, ignoring the first ``omit_s`` seconds (TCP slow start)."""
+    listener.settimeout(timeout)
+    conn, _ = listener.accept()
+    conn.settimeout(timeout)
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    total, start, mark_t, mark_b = 0, None, None, 0
+    with conn:
+        while True:
+            n = conn.recv_into(view)
+            if not n:
+                break
+            now = time.perf_counter()
+            if start is None:
+                start = now
+            total += n
+            if mark_t is None and now - start >= omit_s:
+                mark_t, mark_b = now, total
+        end = time.perf_counter()
+    if start is None:
+        raise ClusterError("goodput: the sender sent nothing")
+    if mark_t is None or end - mark_t < 0.2:  # too short to omit anything
+        mark_t, mark_b = start, 0
+    return (total - mark_b) * 8 / (end - mark_t)
+
+
+def connect_retry(addr: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to ``addr:port``, retried until the other side listens or ``timeout`` s pass."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection((addr, port), timeout=timeout)
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float = 10) -> None:
+    """Connect to ``addr:port`` (retrying until the sink listens) and send for ``seconds``."""
+    sock = connect_retry(addr, port, connect_timeout)
+    payload = bytes(1 << 20)
+    with sock:
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(30)
+        sock.recv(1)  # wait for the sink to close: every byte was received
+
+
+def iperf3_path() -> str | None:
+    """iperf3 on PATH, else the one bench/bundle_iproute.sh put beside ip and tc."""
+    found = shutil.which("iperf3")
+    for d in (os.environ.get("MCCL_IPROUTE_DIR"), _REPO_TOOLS):
+        if not found and d and os.access(os.path.join(d, "iperf3"), os.X_OK):
+            found = os.path.join(d, "iperf3")
+    return found
+
+
+def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None = None,
+                          connect_timeout: float = 10) -> float:
+    """Run ``iperf3 -c`` against a server already started on ``addr:port``; return receiver bits/s
+    (``end.sum_received``, omitting the first second)."""
+    argv = ns_argv(ns, [iperf3_path() or "iperf3", "-c", addr, "-p", str(port), "-t", str(max(1, round(seconds))),
+                        "-O", str(int(GOODPUT_OMIT_S)), "-J"])
+    end = time.monotonic() + connect_timeout
+    while True:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        try:
+            report = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            report = {"error": proc.stderr.strip() or proc.stdout.strip()}
+        if "error" not in report:
+            return float(report["end"]["sum_received"]["bits_per_second"])
+        if "connect" not in str(report["error"]) or time.monotonic() > end:
+            raise ClusterError(f"iperf3 failed: {report['error']}")
+        time.sleep(0.1)  # the server is not listening yet
+
+
+def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds: float = 5.0,
+                    tool: str = "auto", port: int = 5201) -> tuple[float, str]:
+    """Single-stream TCP goodput from host ``client`` to host ``server`` in bits/s, and the tool used
+    (``iperf3`` when installed and ``tool`` is auto, else ``python``)."""
+    if server == client or not (0 <= server < spec.hosts and 0 <= client < spec.hosts):
+        raise ClusterError(f"goodput needs two different hosts of 0..{spec.hosts - 1}")
+    tool = ("iperf3" if iperf3_path() else "python") if tool == "auto" else tool
+    addr = spec.addr(server)
+    if tool == "iperf3":
+        if not iperf3_path():
+            raise ClusterError("iperf3 is not installed (apt-get install iperf3), use --tool python")
+        srv = subprocess.Popen(ns_argv(spec.netns(server), [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            return goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client)), tool
+        finally:
+            _stop(srv)
+    if tool != "python":
+        raise ClusterError(f"unknown goodput tool {tool!r}: auto, iperf3 or python")
+    sink = subprocess.Popen(ns_argv(spec.netns(server), [sys.executable, _HERE, "_sink", addr, str(port)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        src = subprocess.run(ns_argv(spec.netns(client), [sys.executable, _HERE, "_source", addr, str(port), str(seconds)]),
+                             capture_output=True, text=True, timeout=seconds + 60)
+        if src.returncode != 0:
+            raise ClusterError(f"goodput sender failed: {src.stderr.strip()}")
+        out, err = sink.communicate(timeout=30)
+        if sink.returncode != 0:
+            raise ClusterError(f"goodput receiver failed: {err.strip()}")
+        return float(out.strip()), tool
+    finally:
+        _stop(sink)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def check_connectivity(spec: ClusterSpec, timeout: float = 10.0) -> None:
+    """Connect over TCP from every host to host 0; raise ClusterError naming the hosts that cannot
+    (e.g. when br_netfilter drops bridged traffic)."""
+    if spec.hosts < 2:
+        return
+    port = DEFAULT_MASTER_PORT + 1
+    server = subprocess.Popen(ns_argv(spec.netns(0), [sys.executable, _HERE, "_accept", spec.addr(0), str(port),
+                                                      str(spec.hosts - 1), str(timeout)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        clients = [subprocess.Popen(ns_argv(spec.netns(i), [sys.executable, _HERE, "_connect", spec.addr(0), str(port),
+                                                            str(timeout)]),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                   for i in range(1, spec.hosts)]
+        bad = [i + 1 for i, c in enumerate(clients) if c.wait(timeout=timeout + 10) != 0]
+        if bad:
+            hint = ""
+            if _read("/proc/sys/net/bridge/bridge-nf-call-iptables") == "1":
+                hint = (" (net.bridge.bridge-nf-call-iptables=1: the host firewall filters bridged traffic; "
+                        "allow it or set the sysctl to 0)")
+            raise ClusterError(f"hosts {bad} cannot reach host 0 at {spec.addr(0)}:{port}{hint}")
+    finally:
+        _stop(server)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mccl.cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+            "example (as root):\n"
+            "  python -m mccl.cluster up --hosts 4 --rate 2gbit\n"
+            "  python -m mccl.cluster goodput\n"
+            "  python -m mccl.cluster run -- python -m mccl.bench --backends mccl,gloo --goodput measure\n"
+            "  python -m mccl.cluster down"))
+    p.add_argument("--iproute-dir", default=None,
+                   help="folder with ip and tc (wrappers from bench/bundle_iproute.sh, or binaries with lib/); "
+                        "default $MCCL_IPROUTE_DIR, then PATH, then the repository's .tools/iproute")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every ip/tc command")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    def with_id(sp):
+        sp.add_argument("--id", default=DEFAULT_ID, help="cluster id (1-4 of [a-z0-9]); names are mccl-<id>-*")
+        return sp
+
+    sp = with_id(sub.add_parser("up", help="bring a cluster up", formatter_class=fmt))
+    sp.add_argument("--hosts", type=int, default=2, help="number of hosts (namespaces)")
+    sp.add_argument("--rate", default="1gbit", help="tbf rate of every link, each way (tc units: 500mbit, 2gbit)")
+    sp.add_argument("--mtu", type=int, default=9000, help="MTU of every veth and the bridge")
+    sp.add_argument("--burst", default="auto",
+                    help="tbf burst (bucket size, tc units such as 1mb); auto: 1 ms at --rate, at least 64 KiB")
+    sp.add_argument("--latency", default="50ms", help="tbf latency (queue bound)")
+    sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="host addresses: host i gets the (i+1)-th address")
+    sp.add_argument("--no-check", action="store_true", help="skip the TCP connectivity check after bring-up")
+
+    sp = sub.add_parser("down", help="remove a cluster (idempotent; works after a crash)", formatter_class=fmt)
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--id", default=DEFAULT_ID, help="cluster id")
+    g.add_argument("--all", action="store_true", help="remove every cluster named mccl-<id>-{h<i>,v<i>,br}")
+
+    sp = sub.add_parser("status", help="list clusters, hosts, addresses, qdiscs", formatter_class=fmt)
+    sp.add_argument("--id", default=None, help="one cluster id (default: all)")
+
+    sp = with_id(sub.add_parser("run", help="run CMD once per rank inside the hosts", formatter_class=fmt))
+    sp.add_argument("--nproc", type=int, default=None, help="world size (default: hosts x nproc-per-host)")
+    sp.add_argument("--nproc-per-host", type=int, default=1, help="ranks per host")
+    sp.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="MASTER_PORT (host 0)")
+    sp.add_argument("--timeout", type=float, default=3600, help="kill every rank after this many seconds")
+    sp.add_argument("--tag-rank0", action="store_true", help="prefix rank 0's lines with [rank 0] too")
+    sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    sp = with_id(sub.add_parser("exec", help="run one command inside one host", formatter_class=fmt))
+    sp.add_argument("--host", type=int, default=0, help="host index")
+    sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    sp = with_id(sub.add_parser("goodput", help="single-stream TCP goodput between two hosts", formatter_class=fmt))
+    sp.add_argument("--server", type=int, default=0, help="receiving host")
+    sp.add_argument("--client", type=int, default=1, help="sending host")
+    sp.add_argument("--seconds", type=float, default=5.0, help="measurement length (the first second is omitted)")
+    sp.add_argument("--tool", default="auto", choices=["auto", "iperf3", "python"],
+                    help="iperf3 when installed (auto), or the Python socket fallback")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+
+    return p
+
+
+def _internal(argv: list[str]) -> int:
+    """Helpers the commands above run inside a namespace: ``nsexec NS -- CMD...`` (enter NS, exec
+    CMD), ``_sink ADDR PORT``, ``_source ADDR PORT SECONDS`` (goodput), ``_accept ADDR PORT COUNT
+    TIMEOUT`` and ``_connect ADDR PORT TIMEOUT`` (connectivity check)."""
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "nsexec":
+        command = _command(rest[1:])
+        enter_netns(rest[0])
+        os.execvp(command[0], command)
+    addr, port = rest[0], int(rest[1])
+    if cmd == "_sink":
+        with socket.create_server((addr, port)) as ls:
+            print(goodput_sink(ls), flush=True)
+    elif cmd == "_source":
+        goodput_source(addr, port, float(rest[2]))
+    elif cmd == "_accept":
+        with socket.create_server((addr, port)) as ls:
+            ls.settimeout(float(rest[3]))
+            for _ in range(int(rest[2])):
+                ls.accept()[0].close()
+    elif cmd == "_connect":
+        connect_retry(addr, port, float(rest[2])).close()
+    return 0
+
+
+_INTERNAL = ("nsexec", "_sink", "_source", "_accept", "_connect")
+
+
+def _command(rest: list[str]) -> list[str]:
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        raise ClusterError("no command given: put it after --")
+    return rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _INTERNAL:
+        try:
+            return _internal(argv)
+        except ClusterError as exc:
+            print(f"mccl.cluster: error: {exc}", file=sys.stderr)
+            return 2
+    args = _parser().parse_args(argv)
+    if args.iproute_dir:  # for every lookup here and in the processes this command starts
+        os.environ["MCCL_IPROUTE_DIR"] = os.path.abspath(args.iproute_dir)
+    try:
+        if args.cmd == "up":
+            spec = up(ClusterSpec(id=args.id, hosts=args.hosts, rate=args.rate, mtu=args.mtu, burst=args.burst,
+                                  latency=args.latency, subnet=args.subnet), args.iproute_dir, args.verbose,
+                      check=not args.no_check)
+            print(status(spec.id, args.iproute_dir))
+        elif args.cmd == "down":
+            down(None if args.all else args.id, args.iproute_dir, verbose=args.verbose)
+        elif args.cmd == "status":
+            print(status(args.id, args.iproute_dir))
+        elif args.cmd == "run":
+            require_root("run")
+            spec = load_spec(args.id)
+            world = args.nproc or spec.hosts * args.nproc_per_host
+            return launch(_command(args.command), world, spec=spec, nproc_per_host=args.nproc_per_host,
+                          timeout=args.timeout, tag_rank0=args.tag_rank0, master_port=args.master_port)
+        elif args.cmd == "exec":
+            require_root("exec")
+            spec = load_spec(args.id)
+            if not 0 <= args.host < spec.hosts:
+                raise ClusterError(f"--host {args.host}: cluster '{spec.id}' has hosts 0..{spec.hosts - 1}")
+            cmd = _command(args.command)
+            enter_netns(spec.netns(args.host))
+            os.execvp(cmd[0], cmd)
+        elif args.cmd == "goodput":
+            require_root("goodput")
+            spec = load_spec(args.id)
+            bits, tool = measure_goodput(spec, args.server, args.client, args.seconds, args.tool)
+            if args.json:
+                print(json.dumps({"bits_per_s": bits, "bytes_per_s": bits / 8, "tool": tool, "rate": spec.rate,
+                                  "server": args.server, "client": args.client}))
+            else:
+                print(f"single-stream TCP goodput h{args.client} -> h{args.server}: {format_rate(bits)} "
+                      f"[{tool}; link {spec.rate}]")
+        return 0
+    except ClusterError as exc:
+        print(f"mccl.cluster: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""mccl.bench: busbw factors and the exact checker, then short smoke runs on 2 local ranks.
+
+The smoke runs use tiny sizes and few iterations: they check that the tools work and that every
+result is exact (#wrong = 0), not how fast anything is. Each runs under a deadline.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mccl.bench import collectives as C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+
+
+def bench(*args, deadline=240, **kw):
+    """Run ``python -m mccl.bench ARGS`` (driver mode) under a deadline; return (rc, output)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mccl.bench", *args, "--deadline", str(deadline - 30)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=deadline, **kw)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"mccl.bench {' '.join(args)} did not finish within {deadline} s:\n{exc.stdout}") from None
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_busbw_factors_are_nccl_tests():
+    # NVIDIA/nccl-tests doc/PERFORMANCE.md: allreduce 2(n-1)/n, reducescatter/allgather/alltoall
+    # (n-1)/n, broadcast 1.
+    for n in (2, 3, 8):
+        assert C.COLLECTIVES["all_reduce"].factor(n) == pytest.approx(2 * (n - 1) / n)
+        for op in ("all_gather", "reduce_scatter", "all_to_all"):
+            assert C.COLLECTIVES[op].factor(n) == pytest.approx((n - 1) / n)
+        assert C.COLLECTIVES["broadcast"].factor(n) == 1.0
+
+
+def test_sizes_and_iterations():
+    assert C.parse_size("1K") == 1024 and C.parse_size("256M") == 256 << 20 and C.parse_size("4096") == 4096
+    args = C.argparse.Namespace(sizes=None, minbytes="1K", maxbytes="256M", stepfactor=2)
+    sizes = C.size_list(args)
+    assert sizes[0] == 1024 and sizes[-1] == 256 << 20 and len(sizes) == 19
+    it = C.argparse.Namespace(iters=None, bytes_per_size="1G", min_iters=5, max_iters=200)
+    assert C.iterations(it, 1024) == 200 and C.iterations(it, 256 << 20) == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.uint8])
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_pattern_sums_are_exact(dtype, n):
+    m = C.pattern_modulus(dtype, n, reduces=True)
+    assert m >= 2 and n * (m - 1) <= C.EXACT_LIMIT[dtype]
+    big = sum(C.pattern(s, 0, 4096, m, torch.float64) for s in range(n))
+    assert torch.equal(big.to(dtype).to(torch.float64), big)  # the sum survives the dtype exactly
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_checker_counts_every_wrong_element(op):
+    """Build each rank's exact output from the expectation, then corrupt elements: the checker
+    must count exactly those (this is what the smoke runs' #wrong = 0 relies on)."""
+    coll, n, count, root, redop = C.COLLECTIVES[op], 3, 3 * 1000, 1, "sum"
+    m = C.pattern_modulus(torch.float32, n, coll.reduces)
+    for rank in range(n):
+        n_in, n_out = coll.shapes(count, n)
+        out = torch.empty(n_out or n_in)
+        for off, length, sources in coll.expected(rank, n, count, root):
+            want = sum(C.pattern(s, so, length, m, torch.float64) for s, so in sources)
+            out[off:off + length] = want.to(torch.float32)
+        assert C.count_wrong(coll, out, rank, n, count, root, redop, m) == 0
+        out[7] += 1
+        out[-1] = -5
+        assert C.count_wrong(coll, out, rank, n, count, root, redop, m) == 2
+
+
+def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
+    """The acceptance smoke run: every collective, both backends, tiny sizes, goodput measured in
+    the run, a skewed rank; the table has no #wrong, JSON and plot are written."""
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    rc, out = bench("--nproc", "2", "--backends", "mccl,gloo", "-b", "1K", "-e", "256K", "-f", "16", "-n", "3",
+                    "-w", "1", "--goodput", "measure", "--goodput-seconds", "0.5", "--skew-ms", "2",
+                    "--json", str(out_json), "--plot", str(out_png))
+    assert rc == 0, out[-4000:]
+    assert "# #wrong total: 0 OK" in out, out[-4000:]
+    data = json.loads(out_json.read_text())
+    rows = data["results"]
+    assert {(r["op"], r["backend"]) for r in rows} == {(o, b) for o in OPS for b in ("mccl", "gloo")}
+    assert len({r["size"] for r in rows if r["op"] == "all_reduce"}) == 3  # 1K, 16K, 256K
+    for r in rows:
+        assert "error" not in r, r
+        assert r["wrong"] == 0 and r["iters"] == 3 and r["busbw"] > 0 and r["time_us"] > 0, r
+        assert r["busbw_pct_goodput"] > 0 and r["rss_peak_mib"] > 0 and r["cpu_proc_pct"] >= 0, r
+        assert r["skew_ms"] == 2 and r["skew_rank"] == 1
+    assert data["meta"]["goodput"]["bits_per_s"] > 0 and data["meta"]["world_size"] == 2
+    assert "mccl" in data["meta"]["cpu_source"] and "gloo" in data["meta"]["cpu_source"]
+    assert out_png.stat().st_size > 10_000
+
+
+def test_under_torchrun():
+    """Rank mode: torchrun starts the ranks, the benchmark only runs them."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "mccl.bench", "--ops",
+                           "all_reduce,all_gather", "--sizes", "4K,1M", "-n", "2", "-w", "1", "--dtype", "bfloat16",
+                           "--op", "max"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "# #wrong total: 0 OK" in proc.stdout
+
+
+def test_overlap_smoke(tmp_path):
+    out_json = tmp_path / "o.json"
+    rc, out = bench("overlap", "--nproc", "2", "--buckets", "3", "--bucket-mb", "1", "--compute-ms", "5",
+                    "--steps", "2", "--json", str(out_json), "--plot", str(tmp_path / "o.png"))
+    assert rc == 0, out[-4000:]
+    res = json.loads(out_json.read_text())["results"]
+    for b in ("mccl", "gloo"):
+        med = res[b]["median_s"]
+        assert set(med) == {"compute", "comm", "overlap", "serial"} and all(v > 0 for v in med.values())
+        assert res[b]["hidden_pct"] is not None
+    assert "hidden %" in out
+
+
+def test_throughput_smoke(tmp_path):
+    out_json = tmp_path / "t.json"
+    rc, out = bench("throughput", "--nproc", "2", "--width", "64", "--depth", "2", "--steps", "2",
+                    "--warmup-steps", "1", "--json", str(out_json))
+    assert rc == 0, out[-4000:]
+    rows = json.loads(out_json.read_text())["results"]
+    assert sorted((r["backend"], r["world_size"]) for r in rows) == [("gloo", 1), ("gloo", 2), ("mccl", 1), ("mccl", 2)]
+    for r in rows:
+        assert r["samples_per_s"] > 0
+        assert r["efficiency_pct"] == pytest.approx(100.0) if r["world_size"] == 1 else r["efficiency_pct"] > 0
+
+
+def test_help_documents_every_command():
+    for cmd in ([], ["overlap"], ["throughput"]):
+        rc, out = bench(*cmd, "--help", deadline=60)
+        assert rc == 0 and "--backends" in out and "--nproc" in out and "--cluster" in out, out

@@ -1,0 +1,156 @@
+"""mccl.cluster: a 2-host emulated cluster at 1 Gbit/s (root only), and its root check anywhere.
+
+The root tests bring a cluster up under an id of their own (so they never touch another cluster on
+the machine), measure goodput, run a tiny 2-rank benchmark in it, tear it down and check that
+nothing named after it is left, and that no other mccl-* name appeared. Every subprocess has a
+deadline, and a finalizer removes the cluster whatever happens.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mccl import cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+
+
+def _can_make_clusters() -> str:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    try:
+        cluster.find_iproute()
+    except cluster.ClusterError as exc:
+        return str(exc)
+    return ""
+
+
+needs_root = pytest.mark.skipif(bool(_can_make_clusters()), reason=_can_make_clusters() or "ok")
+
+
+def tool(*args, timeout=120, check=True):
+    proc = subprocess.run([sys.executable, "-m", "mccl.cluster", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def all_mccl_names() -> set:
+    sh = cluster.Shell()
+    return {n for n in cluster._netns_names() + cluster._link_names(sh) if n.startswith(cluster.PREFIX)}
+
+
+@pytest.fixture
+def cluster_id():
+    cid = "t" + format(os.getpid() % 36 ** 3, "x")[-3:]
+    yield cid
+    cluster.down(cid, quiet=True)  # whatever the test did
+
+
+@needs_root
+def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
+    before = all_mccl_names()
+    tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit")
+    spec = cluster.load_spec(cluster_id)
+    sh = cluster.Shell()
+    for i in range(2):
+        link = sh.ip_("-n", spec.netns(i), "-o", "link", "show", "eth0").stdout
+        assert "mtu 9000" in link and "state UP" in link, link
+        assert "tbf" in sh.tc_("-n", spec.netns(i), "qdisc", "show", "dev", "eth0").stdout
+        assert "tbf" in sh.tc_("qdisc", "show", "dev", spec.veth(i)).stdout
+
+    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "3", "--json").stdout)
+    # tbf caps the link at 1 Gbit/s; a loaded 2-core machine may deliver less, but not far less.
+    assert 0.3e9 < gp["bits_per_s"] <= 1.02e9, gp
+
+    out_json = tmp_path / "c.json"
+    proc = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", cluster_id, "--sizes", "1K,256K", "-n", "2",
+                           "-w", "1", "--ops", "all_reduce,all_gather,broadcast", "--goodput", "measure",
+                           "--goodput-seconds", "2", "--deadline", "200", "--json", str(out_json)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["world_size"] == 2 and data["meta"]["env"]["MCCL_CLUSTER_ID"] == cluster_id
+    assert "mccl.cluster" in data["meta"]["goodput"]["how"]
+    assert all(r["wrong"] == 0 and "error" not in r for r in data["results"]), data["results"]
+
+    # The ranks really ran inside the hosts: rank i's network namespace is host i's.
+    run = tool("run", "--id", cluster_id, "--timeout", "60", "--", sys.executable, "-c",
+               "import os; print('RANK', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], "
+               "os.stat('/proc/self/ns/net').st_ino)")
+    for i in range(2):
+        ino = os.stat(os.path.join(cluster.NETNS_DIR, spec.netns(i))).st_ino
+        assert f"RANK {i} 2 198.18.0.1 {ino}" in run.stdout, run.stdout
+
+    tool("down", "--id", cluster_id)
+    assert not cluster.existing_names(cluster_id, sh)
+    assert not os.path.exists(cluster.state_path(cluster_id))
+    assert all_mccl_names() <= before, all_mccl_names() - before
+    assert "nothing to remove" in tool("down", "--id", cluster_id).stdout  # idempotent
+
+
+@needs_root
+def test_down_cleans_up_after_a_crashed_run(cluster_id):
+    """SIGKILL the tool while its ranks run: `down` still kills them and removes everything."""
+    tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "500mbit")
+    spec = cluster.load_spec(cluster_id)
+    runner = subprocess.Popen([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--", "sleep", "600"],
+                              cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while not all(cluster.netns_pids(spec.netns(i)) for i in range(2)):
+            assert time.monotonic() < end, "the ranks never started"
+            time.sleep(0.1)
+        orphans = [p for i in range(2) for p in cluster.netns_pids(spec.netns(i))]
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+        assert all(os.path.exists(f"/proc/{p}") for p in orphans)  # nobody cleaned up: a crash
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    out = tool("down", "--id", cluster_id).stdout
+    assert "killed" in out, out
+    time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in orphans)
+    assert not cluster.existing_names(cluster_id, cluster.Shell())
+
+
+@needs_root
+def test_run_stops_every_rank_when_one_fails(cluster_id):
+    tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit")
+    t0 = time.monotonic()
+    proc = tool("run", "--id", cluster_id, "--timeout", "60", "--", sys.executable, "-c",
+                "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(600)", check=False)
+    assert proc.returncode == 3 and time.monotonic() - t0 < 30, proc.stderr
+    assert "stopping the others" in proc.stderr
+    spec = cluster.load_spec(cluster_id)
+    assert not any(cluster.netns_pids(spec.netns(i)) for i in range(2))
+
+
+def test_commands_that_need_root_say_so(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for argv in (["up", "--hosts", "2"], ["down"], ["goodput"], ["run", "--", "true"]):
+        assert cluster.main(argv) == 2
+        assert "needs root" in capsys.readouterr().err
+
+
+def test_rates_and_names():
+    assert cluster.parse_rate("2gbit") == 2e9 and cluster.parse_rate("500mbit") == 5e8
+    assert cluster.parse_rate("1.91Gbit/s") == pytest.approx(1.91e9) and cluster.parse_rate("0.25gbps") == 2e9
+    with pytest.raises(ValueError):
+        cluster.parse_rate("2G")
+    spec = cluster.ClusterSpec(id="c0", hosts=16, rate="5gbit")
+    assert spec.netns(15) == "mccl-c0-h15" and spec.veth(15) == "mccl-c0-v15" and spec.bridge == "mccl-c0-br"
+    assert spec.addr(0) == "198.18.0.1" and spec.addr(15) == "198.18.0.16"
+    assert spec.tc_burst() == "625000b"
+    assert len(cluster.ClusterSpec(id="abcd", hosts=999, subnet="198.18.0.0/16").veth(998)) <= 15  # IFNAMSIZ - 1
+    with pytest.raises(cluster.ClusterError):
+        cluster.ClusterSpec(id="toolong")
+    env = cluster.rank_env(3, 8, "198.18.0.1", 29500, local_rank=1, local_world_size=2)
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "1" and env["GROUP_WORLD_SIZE"] == "4"
