@@ -168,10 +168,11 @@ class Job:
         return got
 
     def backend_store(self):
-        """The store the default group's backend sees (torch's prefixes for group "0" on cpu)."""
+        """With store="tcp": the store the default group's backend sees (the prefixes torch adds
+        for group "0" on cpu when init_process_group is given a store)."""
         import torch.distributed as dist
 
-        return dist.PrefixStore("cpu/", dist.PrefixStore("0/", dist.PrefixStore("default_pg", self.store)))
+        return dist.PrefixStore("cpu/", dist.PrefixStore("0/", self.store))
 
 
 _forkserver_ready = False
