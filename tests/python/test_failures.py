@@ -381,3 +381,231 @@ def test_many_half_open_connections_do_not_lock_ranks_out():
                          pg_timeout_s=FLOOD_TIMEOUT_S, deadline_s=120, **FAST)
     for r, checks in enumerate(check_ok(results)):
         assert all(checks.values()), f"rank {r}: {checks}"
+
+
+# ---- errors reach Python from wait(), from the Future and from callbacks --------------------------
+
+def _describe(exc: BaseException) -> dict:
+    return {"type": type(exc).__name__, "runtime": isinstance(exc, RuntimeError), "text": str(exc)}
+
+
+def _errors_everywhere(rank: int, world_size: int) -> dict:
+    lost = world_size - 1
+    dist.barrier()
+    if rank == lost:
+        os._exit(0)  # gone mid-job, without destroying anything
+    big = [torch.full((1 << 20,), rank + 1.0) for _ in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in big]  # issued before anyone noticed
+    seen: dict = {}
+    try:
+        works[0].wait()
+    except BaseException as exc:
+        seen["wait"] = _describe(exc)
+    try:
+        works[1].get_future().wait()
+    except BaseException as exc:
+        seen["future.wait"] = _describe(exc)
+
+    def callback(fut):
+        try:
+            fut.value()
+            return "no error"
+        except BaseException as exc:
+            return _describe(exc)
+    seen["then"] = works[2].get_future().then(callback).wait()
+    try:
+        torch.futures.wait_all([w.get_future() for w in works])
+    except BaseException as exc:
+        seen["wait_all"] = _describe(exc)
+    # wait_all raises at the first failure; the last Work completes (failed) on its own soon.
+    until = time.monotonic() + 10
+    while not works[3].is_completed() and time.monotonic() < until:
+        time.sleep(0.01)
+    seen["work.exception"] = str(works[3].exception()) if works[3].is_completed() else "not completed"
+    seen["work.is_success"] = works[3].is_success()
+    # Later requests fail at once with the same cause, synchronous or not.
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+    except BaseException as exc:
+        seen["later sync"] = _describe(exc)
+    try:
+        dist.broadcast(torch.ones(4), 0, async_op=True).wait()
+    except BaseException as exc:
+        seen["later async"] = _describe(exc)
+    seen["later_s"] = time.monotonic() - start
+    start = time.monotonic()
+    dist.destroy_process_group()
+    seen["destroy_s"] = time.monotonic() - start
+    return seen
+
+
+def test_errors_reach_python_from_wait_future_callbacks_and_later_calls():
+    results = run_job(_errors_everywhere, WORLD, pg_timeout_s=30, deadline_s=120, **FAST)[0]
+    assert results[WORLD - 1].exitcode == 0
+    for r, seen in enumerate(check_ok(results[:-1])):
+        for where in ("wait", "future.wait", "then", "wait_all", "later sync", "later async"):
+            got = seen.get(where)
+            assert isinstance(got, dict), f"rank {r}: {where} did not raise ({got!r})"
+            assert got["runtime"], f"rank {r}: {where} raised {got['type']}, not a RuntimeError"
+            assert f"rank {WORLD - 1} " in got["text"] or "already failed" in got["text"], f"rank {r} {where}: {got}"
+        for where in ("wait", "future.wait", "later sync"):
+            assert seen[where]["type"] == "DistBackendError", f"rank {r}: {where}: {seen[where]}"
+        assert f"rank {WORLD - 1} " in seen["wait"]["text"], f"rank {r}: {seen['wait']}"
+        assert seen["work.is_success"] is False and "allreduce" in seen["work.exception"], f"rank {r}: {seen}"
+        assert seen["later_s"] < 5, f"rank {r}: later requests took {seen['later_s']:.1f} s to fail"
+        assert seen["destroy_s"] < 10, f"rank {r}: destroy took {seen['destroy_s']:.1f} s"
+
+
+# ---- abort() unblocks every waiter ------------------------------------------------------------------
+
+def _abort_unblocks(rank: int, world_size: int) -> dict:
+    import threading
+
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    if rank != 0:
+        dist.barrier()
+        time.sleep(3)  # never joins rank 0's all-reduces: they can only end by abort
+        return {}
+    dist.barrier()
+    works = [dist.all_reduce(torch.ones(1 << 16), async_op=True) for _ in range(3)]
+    outcome: dict = {}
+
+    def waiter(i):
+        try:
+            works[i].wait()
+            outcome[i] = "returned"
+        except BaseException as exc:
+            outcome[i] = f"{type(exc).__name__}: {exc}"
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    _abort_process_group()
+    for t in threads:
+        t.join(timeout=10)
+    return {"alive": sum(t.is_alive() for t in threads), "seconds": time.monotonic() - start, "outcome": outcome}
+
+
+def test_abort_unblocks_every_waiter():
+    results = run_job(_abort_unblocks, 2, pg_timeout_s=60, deadline_s=90, **FAST)[0]
+    v = check_ok(results)[0]
+    assert v["alive"] == 0, f"{v['alive']} waiters still blocked after abort: {v}"
+    assert v["seconds"] < 5, v
+    for i, text in v["outcome"].items():
+        assert "abort" in text.lower() and "Error" in text, f"waiter {i}: {text}"
+
+
+# ---- race burst: 640 async collectives per rank, no host synchronisation, every result exact ------
+
+BURST = 640
+
+
+def _burst(rank: int, world_size: int) -> dict:
+    n = world_size
+    dtypes = [torch.int32, torch.int64, torch.float32, torch.float64, torch.int8, torch.uint8,
+              torch.float16, torch.bfloat16]
+    rng = random.Random(640)  # the same sequence on every rank
+    issued = []
+    for i in range(BURST):
+        kind = rng.choice(["all_reduce", "all_reduce", "all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+        dtype = dtypes[i % len(dtypes)]
+        elems = rng.choice([1, 3, 17, 1000, 4096, 70_000])
+        # Small integers: every sum is exact in every dtype (int8 and bfloat16 included).
+        seed = (i * 7 + rank * 3) % 5
+        x = (torch.arange(elems, dtype=torch.int64) % 7 + seed).to(dtype)
+        if kind == "all_reduce":
+            work = dist.all_reduce(x, async_op=True)
+            want = sum((torch.arange(elems, dtype=torch.int64) % 7 + (i * 7 + r * 3) % 5) for r in range(n))
+            issued.append((work, x, want))
+        elif kind == "broadcast":
+            src = i % n
+            work = dist.broadcast(x, src, async_op=True)
+            want = torch.arange(elems, dtype=torch.int64) % 7 + (i * 7 + src * 3) % 5
+            issued.append((work, x, want))
+        elif kind == "all_gather":
+            out = torch.empty(n * elems, dtype=dtype)
+            work = dist.all_gather_into_tensor(out, x, async_op=True)
+            want = torch.cat([torch.arange(elems, dtype=torch.int64) % 7 + (i * 7 + r * 3) % 5 for r in range(n)])
+            issued.append((work, out, want))
+        else:
+            full = (torch.arange(n * elems, dtype=torch.int64) % 7 + seed).to(dtype)
+            out = torch.empty(elems, dtype=dtype)
+            work = dist.reduce_scatter_tensor(out, full, async_op=True)
+            block = slice(rank * elems, (rank + 1) * elems)
+            want = sum((torch.arange(n * elems, dtype=torch.int64) % 7 + (i * 7 + r * 3) % 5)[block] for r in range(n))
+            issued.append((work, out, want))
+    # Only now wait: every Future at once, then every result against an int64 reference.
+    torch.futures.wait_all([w.get_future() for w, _, _ in issued])
+    wrong = [i for i, (w, out, want) in enumerate(issued)
+             if not (w.is_success() and torch.equal(out.to(torch.int64), want))]
+    return {"wrong": wrong}
+
+
+def test_race_burst_640_async_collectives_per_rank_all_exact():
+    values = check_ok(run_job(_burst, WORLD, pg_timeout_s=120, deadline_s=240, **FAST)[0])
+    for r, v in enumerate(values):
+        assert v["wrong"] == [], f"rank {r}: collectives {v['wrong'][:20]} are wrong"
+
+
+# ---- no leaked threads or sockets after destroy -----------------------------------------------------
+
+def _resources() -> dict:
+    kinds = {"socket": 0, "pipe": 0, "other": 0}
+    fds = os.listdir("/proc/self/fd")
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used
+            continue
+        kind = target.split(":", 1)[0]
+        kinds[kind if kind in kinds else "other"] += 1
+    return {"threads": len(os.listdir("/proc/self/task")), **kinds}
+
+
+def _cycles(rank: int, world_size: int, plan: list) -> list:
+    import mccl  # noqa: F401
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    from distributed import raw_store
+
+    store = raw_store()
+    seen = [("before init", _resources())]
+    for kind in plan:
+        dist.init_process_group("mccl", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=30))
+        t = torch.full((1000,), rank + 1)
+        dist.all_reduce(t)  # synchronous only: the completion pool needs one thread at a time
+        assert bool((t == world_size * (world_size + 1) / 2).all())
+        if kind == "mismatch":
+            try:
+                dist.all_reduce(torch.ones(10 if rank == 0 else 20))
+                raise AssertionError("a mismatched all-reduce succeeded")
+            except dist.DistBackendError:
+                pass
+        elif kind == "abort":
+            dist.barrier()
+            _abort_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        seen.append((f"after {kind}", _resources()))
+    return seen
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads and descriptors in /proc")
+def test_no_threads_or_sockets_left_after_destroy_whatever_happened():
+    # The first cycle also starts mccl's process-wide completion pool, which is reused and stays.
+    plan = ["warm-up", "healthy", "mismatch", "abort", "healthy", "mismatch", "abort"]
+    values = check_ok(run_job(_cycles, WORLD, plan, backend=None, store="tcp", pg_timeout_s=60,
+                              deadline_s=180, **FAST)[0])
+    for r, seen in enumerate(values):
+        table = "\n".join(f"  {what}: {res}" for what, res in seen)
+        base, warm = seen[0][1], seen[1][1]
+        for what, res in seen[1:]:
+            for kind in ("socket", "pipe", "other"):
+                assert res[kind] == base[kind], f"rank {r}: {kind} descriptors left {what}:\n{table}"
+        for what, res in seen[2:]:
+            assert res["threads"] == warm["threads"], f"rank {r}: threads left {what}:\n{table}"
+        assert warm["threads"] - base["threads"] <= 2, f"rank {r}: more than the pool stays:\n{table}"
