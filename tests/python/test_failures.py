@@ -609,3 +609,59 @@ def test_no_threads_or_sockets_left_after_destroy_whatever_happened():
         for what, res in seen[2:]:
             assert res["threads"] == warm["threads"], f"rank {r}: threads left {what}:\n{table}"
         assert warm["threads"] - base["threads"] <= 2, f"rank {r}: more than the pool stays:\n{table}"
+
+
+# ---- the same SIGKILL in plain scripts: the survivors' interpreters exit non-zero by themselves ---
+
+def test_sigkill_plain_script_survivors_exit_nonzero_without_destroy(tmp_path):
+    """No harness in the survivors: their exception is uncaught and the interpreter shuts down with
+    the process group still alive (its destructor runs at exit), as in a user's script."""
+    import subprocess
+    import sys
+    import threading
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "allreduce_until_failure.py")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(WORLD),
+               TORCHELASTIC_USE_AGENT_STORE="True")
+    procs, lines = [], {r: [] for r in range(WORLD)}
+    victim = 1
+    try:
+        for r in range(WORLD):
+            procs.append(subprocess.Popen([sys.executable, script], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+
+        def read(r):
+            for line in procs[r].stdout:
+                lines[r].append((time.monotonic(), line.strip()))
+        readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(WORLD)]
+        for t in readers:
+            t.start()
+        until = time.monotonic() + 180  # four interpreters importing torch on a busy machine
+        while not all(any(l == "LOOPING" for _, l in lines[r]) for r in range(WORLD)):
+            assert time.monotonic() < until, f"the ranks never started looping: {lines}"
+            assert all(p.poll() is None for p in procs), f"a rank exited early: {[p.poll() for p in procs]}"
+            time.sleep(0.05)
+        time.sleep(0.1)
+        killed_at = time.monotonic()
+        procs[victim].kill()
+        exits = {}
+        while len(exits) < WORLD and time.monotonic() < killed_at + 60:
+            for r, p in enumerate(procs):
+                if r not in exits and p.poll() is not None:
+                    exits[r] = (time.monotonic() - killed_at, p.returncode)
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert exits.get(victim, (0, None))[1] == -signal.SIGKILL, exits
+    for r in (r for r in range(WORLD) if r != victim):
+        raised = [l for _, l in lines[r] if l.startswith("RAISED ")]
+        assert raised, f"rank {r} never raised; exits {exits}; output {lines[r]}"
+        took = float(raised[0].split()[1]) - killed_at
+        assert took < KILL_BOUND_S, f"rank {r} raised {took:.2f} s after the kill"
+        assert r in exits, f"rank {r} never exited (hung in interpreter shutdown?); exits {exits}"
+        assert exits[r][1] == 1, f"rank {r} exited with status {exits[r][1]}"
+        assert exits[r][0] < 30, f"rank {r} took {exits[r][0]:.1f} s to exit after the kill"
