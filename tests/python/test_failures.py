@@ -28,33 +28,36 @@ from distributed import check_ok, notify, run_job
 WORLD = 4
 FAST = {"start_method": "forkserver"}
 
-# ---- SIGKILL one rank in the middle of a 64 MiB all-reduce loop ----------------------------------
+# ---- a rank's loop: all-reduces with exact checks until one fails, then destroy and re-raise ----
 
-KILL_ELEMS = (64 << 20) // 4  # 64 MiB of float32
-KILL_REPEATS = int(os.environ.get("MCCL_TEST_KILL_REPEATS", "20"))
-KILL_BOUND_S = 5.0
-
-
-def _allreduce_until_killed(rank: int, world_size: int) -> None:
-    t = torch.empty(KILL_ELEMS)
+def _allreduce_until_failure(rank: int, world_size: int, elems: int, late_rank: int = -1) -> None:
+    t = torch.empty(elems)
     expected = float(world_size * (world_size + 1) // 2)
     done = 0
     try:
-        while done < 1000:
+        while done < 100000:
             t.fill_(rank + 1)
+            if rank == late_rank:
+                time.sleep(0.3)  # this rank enters every collective 0.3 s after the others
             dist.all_reduce(t)
-            # Integer-valued data: exact, and a torn or misplaced chunk would show.
             assert bool((t == expected).all()), f"all-reduce {done} is wrong before any failure"
             done += 1
             if done == 1:
                 notify("looping")
-        raise AssertionError("1000 all-reduces finished: the killed rank was never missed")
+        raise AssertionError("100000 all-reduces finished: nobody was missed")
     except dist.DistBackendError as exc:
         notify("raised", error=str(exc), done=done)
         start = time.monotonic()
         dist.destroy_process_group()
         notify("destroyed", seconds=time.monotonic() - start)
-        raise  # and exit non-zero, as a training script would
+        raise
+
+
+# ---- SIGKILL one rank in the middle of a 64 MiB all-reduce loop ----------------------------------
+
+KILL_ELEMS = (64 << 20) // 4  # 64 MiB of float32
+KILL_REPEATS = int(os.environ.get("MCCL_TEST_KILL_REPEATS", "20"))
+KILL_BOUND_S = 5.0
 
 
 def _kill_one(victim: int, delay: float):
@@ -75,7 +78,7 @@ def test_sigkill_mid_allreduce_survivors_raise_within_5s_repeatedly():
     for round_ in range(KILL_REPEATS):
         victim = rng.randrange(WORLD)
         results, (killed_at, raised, destroyed) = run_job(
-            _allreduce_until_killed, WORLD, driver=_kill_one(victim, rng.uniform(0.0, 0.3)),
+            _allreduce_until_failure, WORLD, KILL_ELEMS, driver=_kill_one(victim, rng.uniform(0.0, 0.3)),
             exit_code_on_error=1, pg_timeout_s=60, deadline_s=120, **FAST)
         where = f"round {round_} (rank {victim} killed)"
         assert results[victim].exitcode == -signal.SIGKILL, f"{where}: {results[victim]}"
@@ -100,29 +103,6 @@ def test_sigkill_mid_allreduce_survivors_raise_within_5s_repeatedly():
 STOP_TIMEOUT_S = 10
 STOP_BOUND_S = 12.0
 STOPPED = 2
-
-
-def _allreduce_until_failure(rank: int, world_size: int, elems: int, late_rank: int = -1) -> None:
-    t = torch.empty(elems)
-    expected = float(world_size * (world_size + 1) // 2)
-    done = 0
-    try:
-        while done < 100000:
-            t.fill_(rank + 1)
-            if rank == late_rank:
-                time.sleep(0.3)  # this rank enters every collective 0.3 s after the others
-            dist.all_reduce(t)
-            assert bool((t == expected).all()), f"all-reduce {done} is wrong before any failure"
-            done += 1
-            if done == 1:
-                notify("looping")
-        raise AssertionError("100000 all-reduces finished: nobody was missed")
-    except dist.DistBackendError as exc:
-        notify("raised", error=str(exc), done=done)
-        start = time.monotonic()
-        dist.destroy_process_group()
-        notify("destroyed", seconds=time.monotonic() - start)
-        raise
 
 
 def _stop_one(job):
