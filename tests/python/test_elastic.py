@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "elastic.py")
 STEPS, EVERY, CRASH_AT, CRASH_RANK = 30, 5, 17, 2
@@ -54,6 +56,7 @@ def endpoints(log_dir, attempt):
             "rejected": re.findall(r"rejected connection.*", text)}
 
 
+@pytest.mark.timeout(900)  # two torchrun jobs of 4 ranks, one with a restart
 def test_crash_restart_from_checkpoint_matches_an_uninterrupted_run(tmp_path):
     crashed = tmp_path / "crashed"
     rc, out = torchrun(crashed, tmp_path / "logs-crashed", "--crash-at", str(CRASH_AT), "--crash-rank", str(CRASH_RANK))

@@ -72,6 +72,7 @@ def _kill_one(victim: int, delay: float):
     return drive
 
 
+@pytest.mark.timeout(900)  # 20 jobs of 4 ranks
 def test_sigkill_mid_allreduce_survivors_raise_within_5s_repeatedly():
     rng = random.Random(5)
     slowest = 0.0

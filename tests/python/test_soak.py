@@ -27,6 +27,7 @@ def soak(*args, deadline: float):
     return proc.returncode, out
 
 
+@pytest.mark.timeout(900)
 def test_soak_runs_every_collective_and_dtype_exactly_on_4_ranks(tmp_path):
     report = tmp_path / "soak.json"
     rc, out = soak("--duration", str(SOAK_S), "--nproc", "4", "--report-every", "5", "--json", str(report),
