@@ -21,7 +21,7 @@ class BuildWithLibrary(BuildExtension):
 
 
 setup(
-    packages=["mccl", "mccl.check"],
+    packages=["mccl", "mccl.check", "mccl.ray"],
     package_dir={"": "python"},
     ext_modules=[
         CppExtension(
