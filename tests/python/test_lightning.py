@@ -304,3 +304,87 @@ def test_f03_two_mps_devices_on_one_mac_is_a_clear_error():
 
     with pytest.raises(ml.OneMPSDevicePerHostError, match="a Mac has exactly one MPS device"):
         _trainer(strategy="ddp_mccl", accelerator="mccl", devices=2)
+
+
+def _fit_then_validate(rank: int, world_size: int, port: int):
+    import torch.distributed as dist
+    import torchmetrics
+    from torch.utils.data import DataLoader
+
+    import mccl.lightning  # noqa: F401
+
+    class Scored(_make_module("conv")):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = torchmetrics.CatMetric()
+
+        def validation_step(self, batch, batch_idx):
+            self.seen.update(batch[1].float())
+
+    _cluster_env(rank, rank, 0, port)
+    torch.manual_seed(0)
+    module = Scored()
+    trainer = _trainer(strategy="ddp_mccl", accelerator="cpu", devices=world_size, limit_train_batches=2,
+                       max_epochs=1)
+    data = _digits_like()
+    trainer.fit(module, DataLoader(data, batch_size=BATCH))
+    module.seen.reset()
+    trainer.validate(module, DataLoader(data, batch_size=8), verbose=False)
+    seen = sorted(module.seen.compute().tolist())  # all ranks' labels, all-gathered by torchmetrics
+    out = {"seen": seen, "inference_mode": trainer.validate_loop.inference_mode,
+           "labels": sorted(data.tensors[1].float().tolist())}
+    dist.destroy_process_group()
+    return out
+
+
+def test_validate_syncs_torchmetrics_states_across_ranks():
+    """Trainer.validate after fit: torchmetrics' all_gather of its states through mccl gives every
+    rank every label of the (evenly sharded) validation set exactly once."""
+    res = check_ok(run_ranks(_fit_then_validate, 2, free_port(), backend=None, deadline_s=180))
+    for r in res:
+        assert r["seen"] == r["labels"]
+        assert r["inference_mode"] is False  # the strategy's workaround for the shim bug below
+
+
+def _all_gather_under_inference_mode(rank: int, world_size: int):
+    out = {}
+    with torch.inference_mode():
+        chunks = [torch.zeros(4) for _ in range(world_size)]
+        try:
+            torch.distributed.all_gather(chunks, torch.full((4,), float(rank + 1)))
+            out["all_gather"] = torch.stack(chunks)
+        except RuntimeError as exc:
+            out["all_gather"] = str(exc)
+        strided = torch.ones(4, 2)[:, 0]
+        try:
+            torch.distributed.all_reduce(strided)
+            out["all_reduce_strided"] = strided.clone()
+        except RuntimeError as exc:
+            out["all_reduce_strided"] = str(exc)
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="mccl torch shim bug: staged outputs are copied back on the completion "
+                   "thread outside inference mode ('Inplace update to inference tensor outside InferenceMode')")
+def test_backend_collectives_on_inference_tensors():
+    """What the strategy works around, at the backend: gloo passes this; mccl's shim does not yet."""
+    res = check_ok(run_ranks(_all_gather_under_inference_mode, 2, backend="mccl", deadline_s=60))
+    for r in res:
+        assert isinstance(r["all_gather"], torch.Tensor), r["all_gather"]
+        assert torch.equal(r["all_gather"], torch.tensor([[1.0] * 4, [2.0] * 4]))
+        assert isinstance(r["all_reduce_strided"], torch.Tensor), r["all_reduce_strided"]
+        assert torch.equal(r["all_reduce_strided"], torch.full((4,), 2.0))
+
+
+def test_lightning_example_trains_to_target_from_readme_command():
+    """README: `python examples/lightning_train.py` (2 ranks via Lightning's launcher) reaches 95%."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "examples/lightning_train.py"], cwd=root, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "backend=mccl strategy=MCCLDDPStrategy" in proc.stdout
+    assert "parameters bitwise equal on all 2 ranks" in proc.stdout
+    assert float(proc.stdout.split("final validation accuracy ")[1].split("%")[0]) >= 95.0
