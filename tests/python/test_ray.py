@@ -18,11 +18,11 @@ import sys
 import time
 
 import pytest
+import ray
+import ray.train
 import torch
 
-ray = pytest.importorskip("ray")
-
-import mccl.ray as mr  # noqa: E402
+import mccl.ray as mr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_MPS = torch.backends.mps.is_available()
