@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     runtime_env = {"working_dir": HERE, "excludes": ["__pycache__"]}
     if args.address:
         ray.init(address=args.address, runtime_env=runtime_env)
-    else:  # one machine standing in for --num-workers machines
-        ray.init(num_cpus=args.num_workers, resources={args.resource: args.num_workers},
+    else:  # a new one-machine Ray standing in for --num-workers machines, never one found running here
+        ray.init(address="local", num_cpus=args.num_workers, resources={args.resource: args.num_workers},
                  object_store_memory=100 * 1024**2, include_dashboard=False, runtime_env=runtime_env)
     try:
         config = {k: getattr(args, k) for k in ("accelerator", "epochs", "limit_train_batches", "batch_size",

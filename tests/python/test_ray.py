@@ -62,6 +62,21 @@ def _stop_node(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _forget_cluster(port: int) -> None:
+    """Remove Ray's "last cluster started here" file if it names this module's head, as `ray stop`
+    would; otherwise a later bare `ray.init()` on this machine tries to join the dead cluster."""
+    from ray._common.utils import get_ray_address_file
+
+    path = get_ray_address_file(None)
+    try:
+        with open(path) as f:
+            ours = f.read().strip().endswith(f":{port}")
+        if ours:
+            os.remove(path)
+    except OSError:
+        pass
+
+
 def _alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
@@ -99,6 +114,7 @@ def cluster(tmp_path_factory):
             ray.shutdown()
         for proc in reversed(procs):
             _stop_node(proc)
+        _forget_cluster(port)
         if saved_auth is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
@@ -113,8 +129,11 @@ def _record(config: dict, name: str, payload: dict) -> None:
 
 
 def _records(out: str, name: str) -> list[dict]:
-    files = sorted(glob.glob(os.path.join(out, f"{name}-*.json")))
-    return [json.load(open(p)) for p in files]
+    records = []
+    for path in sorted(glob.glob(os.path.join(out, f"{name}-*.json"))):
+        with open(path) as f:
+            records.append(json.load(f))
+    return records
 
 
 def _report_with_checkpoint(metrics: dict) -> None:
