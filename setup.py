@@ -21,7 +21,7 @@ class BuildWithLibrary(BuildExtension):
 
 
 setup(
-    packages=["mccl", "mccl.check", "mccl.bench"],
+    packages=["mccl", "mccl.check", "mccl.bench", "mccl.ray"],
     package_dir={"": "python"},
     ext_modules=[
         CppExtension(
