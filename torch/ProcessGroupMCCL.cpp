@@ -1,6 +1,8 @@
 // ProcessGroupMCCL.cpp: tensors in, C calls out; see ProcessGroupMCCL.hpp.
 #include "ProcessGroupMCCL.hpp"
 
+#include <c10/core/InferenceMode.h>
+#include <optional>
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
@@ -148,6 +150,7 @@ int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::millisecond
 WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs)
     : c10d::Work(-1, type, profiling_name),
       outputs_(std::move(outputs)),
+      inference_mode_(c10::InferenceMode::is_enabled()),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
       name_(profiling_name) {}
 
@@ -226,6 +229,10 @@ void WorkMCCL::complete(mcclResult_t result) {
   std::exception_ptr eptr;
   if (result == mcclSuccess) {
     try {
+      // Copies back into the caller's tensors run under the caller's InferenceMode: inference
+      // tensors may only be written inside it (torchmetrics gathers under Trainer.validate).
+      std::optional<c10::InferenceMode> guard;
+      if (inference_mode_) guard.emplace();
       for (auto& step : postprocess_) step();
     } catch (...) {
       eptr = std::current_exception();

@@ -50,6 +50,7 @@ class WorkMCCL : public c10d::Work {
   std::vector<at::Tensor> outputs_;       // what the Future completes with
   std::vector<at::Tensor> keep_alive_;    // inputs and staging the engine reads or writes
   std::vector<std::function<void()>> postprocess_;  // completion pool, in order, before completion
+  bool inference_mode_;                   // the caller's InferenceMode, restored for postprocess_
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
   mcclRequest_t request_ = nullptr;

@@ -124,8 +124,6 @@ class MCCLDDPStrategy(DDPStrategy):
     * ``ddp_comm_hook`` / ``ddp_comm_state`` are registered on every device type, not only CUDA.
     * A ``MixedPrecision`` plugin that Lightning built for the wrong device type (Lightning picks
       ``"cuda"`` for any accelerator it does not know) is rebuilt for the root device's type.
-    * ``Trainer.validate``/``test``/``predict`` run under ``no_grad`` instead of
-      ``inference_mode``, as Lightning does for gloo (a shim bug; see ``docs/INTEGRATIONS.md``).
 
     Args:
         process_group_backend: must be ``"mccl"`` (the default); anything else raises
@@ -147,21 +145,6 @@ class MCCLDDPStrategy(DDPStrategy):
         check_backend_carries(self.root_device)
         self._match_precision_to_device()
         super().setup_environment()  # accelerator.setup_device(root_device), then setup_distributed
-
-    def setup(self, trainer: Any) -> None:
-        self._evaluate_without_inference_tensors(trainer)
-        super().setup(trainer)
-
-    @staticmethod
-    def _evaluate_without_inference_tensors(trainer: Any) -> None:
-        # Workaround for a bug in mccl's torch shim (docs/INTEGRATIONS.md, "Known issues"): it copies
-        # staged outputs back (list all_gather, gather, all_to_all, non-contiguous tensors) on its
-        # completion thread, outside inference mode, which fails for inference tensors; torchmetrics
-        # all-gathers its states under Trainer.validate/test/predict. Lightning makes the same switch
-        # to no_grad for gloo. Remove once the shim copies back under the caller's inference mode.
-        for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
-            if getattr(loop, "inference_mode", False):
-                loop.inference_mode = False
 
     def setup_distributed(self) -> None:
         # DDPStrategy.setup_distributed passes device_id=root_device for non-CPU devices, which

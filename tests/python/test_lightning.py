@@ -343,7 +343,7 @@ def test_validate_syncs_torchmetrics_states_across_ranks():
     res = check_ok(run_ranks(_fit_then_validate, 2, free_port(), backend=None, deadline_s=180))
     for r in res:
         assert r["seen"] == r["labels"]
-        assert r["inference_mode"] is False  # the strategy's workaround for the shim bug below
+        assert r["inference_mode"] is True  # Lightning's default; the backend writes inference tensors
 
 
 def _all_gather_under_inference_mode(rank: int, world_size: int):
@@ -364,10 +364,9 @@ def _all_gather_under_inference_mode(rank: int, world_size: int):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="mccl torch shim bug: staged outputs are copied back on the completion "
-                   "thread outside inference mode ('Inplace update to inference tensor outside InferenceMode')")
 def test_backend_collectives_on_inference_tensors():
-    """What the strategy works around, at the backend: gloo passes this; mccl's shim does not yet."""
+    """Staged outputs (list all_gather, strided all_reduce) are copied back under the caller's
+    inference mode, so inference tensors receive results (as over gloo)."""
     res = check_ok(run_ranks(_all_gather_under_inference_mode, 2, backend="mccl", deadline_s=60))
     for r in res:
         assert isinstance(r["all_gather"], torch.Tensor), r["all_gather"]
