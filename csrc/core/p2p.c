@@ -38,6 +38,8 @@ struct mcclP2pState {
   mcclParked* parked;         /* unclaimed messages, in arrival order */
   int* cur_kind;              /* [nranks]: the message now arriving from each peer */
   void** cur;
+  mcclFrame* cur_frame;       /* [nranks]: its first frame (tag, seq, count, dtype) */
+  uint64_t* cur_next;         /* [nranks]: the byte offset its next frame must start at */
   uint64_t* send_seq;         /* [nranks]: messages sent to each peer (frame seq, for logs) */
   int* posted_from;           /* [nranks]: unmatched receives naming each peer */
   int posted_any;             /* unmatched MCCL_ANY_SOURCE receives */
@@ -203,12 +205,39 @@ static void p2pRound(void* ctx) {
   }
 }
 
-static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
+/* A P2P header arrived (the transport checked that its payload lies inside its message). The
+ * first frame of a message (offset 0, no message in progress from `peer`) is matched or parked;
+ * every later frame must continue that message: same tag, sequence, count and dtype, starting
+ * where the previous frame ended. Anything else is a protocol error, since a frame that claimed
+ * another message's size could otherwise write past the buffer chosen for this one. */
+static int p2pArrive(void* ctx, int peer, const mcclFrame* f, char** dst, char* why, size_t cap) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   mcclDataType_t dt = (mcclDataType_t)f->dtype;
   size_t esz = mcclDataTypeSize(dt);
-  if (f->offset == 0) {
+  *dst = NULL;
+  if (st->cur_kind[peer] != CUR_NONE) {
+    const mcclFrame* first = &st->cur_frame[peer];
+    if (f->root != first->root || f->seq != first->seq || f->count != first->count ||
+        f->dtype != first->dtype || f->offset != st->cur_next[peer]) {
+      snprintf(why, cap,
+               "a send/recv frame (tag %u, message #%llu, %llu %s elements, bytes %llu+%u) that does "
+               "not continue the message in progress (tag %u, message #%llu, %llu %s elements, next "
+               "byte %llu)",
+               f->root, (unsigned long long)f->seq, (unsigned long long)f->count, mcclDtypeName(f->dtype),
+               (unsigned long long)f->offset, f->length, first->root, (unsigned long long)first->seq,
+               (unsigned long long)first->count, mcclDtypeName(first->dtype),
+               (unsigned long long)st->cur_next[peer]);
+      return -1;
+    }
+  } else {
+    if (f->offset != 0) {
+      snprintf(why, cap, "a send/recv frame at byte %llu of a message (tag %u, #%llu) that never started",
+               (unsigned long long)f->offset, f->root, (unsigned long long)f->seq);
+      return -1;
+    }
+    st->cur_frame[peer] = *f;
+    st->cur_next[peer] = 0;
     int tag = (int)f->root;
     struct mcclRequest* req = st->recvs;
     while (req != NULL && !(req->tag == tag && (req->peer == MCCL_ANY_SOURCE || req->peer == peer))) req = req->next;
@@ -243,18 +272,21 @@ static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
       }
     }
   }
+  if (f->length == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
   switch (st->cur_kind[peer]) {
-    case CUR_RECV: return (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset;
-    case CUR_PARKED: return ((mcclParked*)st->cur[peer])->buf + f->offset;
-    default: return NULL;
+    case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset; break;
+    case CUR_PARKED: *dst = ((mcclParked*)st->cur[peer])->buf + f->offset; break;
+    default: break;
   }
+  return 0;
 }
 
 static void p2pLanded(void* ctx, int peer, const mcclFrame* f) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   size_t total = (size_t)f->count * mcclDataTypeSize((mcclDataType_t)f->dtype);
-  int last = f->offset + f->length >= total;
+  st->cur_next[peer] += f->length;
+  int last = st->cur_next[peer] >= total;
   if (st->cur_kind[peer] == CUR_RECV && last) {
     struct mcclRequest* req = st->cur[peer];
     listRemove(&st->active, req);
@@ -283,8 +315,11 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm) {
   st->cur = calloc(n, sizeof(void*));
   st->send_seq = calloc(n, sizeof(uint64_t));
   st->posted_from = calloc(n, sizeof(int));
+  st->cur_frame = calloc(n, sizeof(mcclFrame));
+  st->cur_next = calloc(n, sizeof(uint64_t));
   comm->p2p = st;
-  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from) return mcclSystemError;
+  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from || !st->cur_frame || !st->cur_next)
+    return mcclSystemError;
   comm->tp.p2p = (mcclP2pHooks){comm, p2pArrive, p2pLanded, p2pWanted, p2pRound};
   return mcclSuccess;
 }
@@ -326,6 +361,8 @@ void mcclP2pFree(struct mcclComm* comm) {
   free(st->cur);
   free(st->send_seq);
   free(st->posted_from);
+  free(st->cur_frame);
+  free(st->cur_next);
   free(st);
   comm->p2p = NULL;
 }

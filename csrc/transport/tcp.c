@@ -484,8 +484,13 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_dst = c->abort_reason;
         c->rx_left = c->rx_frame.length < MCCL_MAX_ABORT_REASON ? c->rx_frame.length : MCCL_MAX_ABORT_REASON;
       } else if (c->rx_frame.type == MCCL_FRAME_P2P) {
+        char* dst = NULL;
+        if (t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, &dst, why, sizeof(why)) != 0) {
+          snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
+          return mcclProtocolError;
+        }
         c->rx_mode = MCCL_RX_P2P;
-        c->rx_dst = t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame);
+        c->rx_dst = dst;
         c->rx_left = c->rx_frame.length;
       } else {
         c->rx_mode = MCCL_RX_PEEKED;

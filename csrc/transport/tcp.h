@@ -63,8 +63,11 @@ typedef struct mcclConn {
  * one goes. All callbacks run on the engine thread, inside mcclTransportProgress. */
 typedef struct {
   void* ctx;
-  /* A P2P frame's header arrived from `peer`: where its payload goes (NULL: discard it). */
-  char* (*arrive)(void* ctx, int peer, const mcclFrame* f);
+  /* A P2P frame's header arrived from `peer` (mcclFrameHeaderCheck passed: its payload lies
+   * inside its message): set *dst to where the payload goes (NULL: discard it) and return 0, or
+   * return nonzero with `why` saying how the frame breaks the protocol (the transport then fails
+   * with mcclProtocolError naming the peer). */
+  int (*arrive)(void* ctx, int peer, const mcclFrame* f, char** dst, char* why, size_t cap);
   /* That frame's payload has landed. */
   void (*landed)(void* ctx, int peer, const mcclFrame* f);
   /* Nonzero while a receive is posted that frames from `peer` could satisfy. */

@@ -120,6 +120,21 @@ mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_
   if (!magic_ok) return reject(MCCL_WIRE_BAD_MAGIC, why, cap, "a frame with a bad magic number 0x%08x", mcclGet32(in));
   if (f.type != MCCL_FRAME_DATA && f.type != MCCL_FRAME_ABORT && !(f.type == MCCL_FRAME_P2P && p2p_ok))
     return reject(MCCL_WIRE_BAD_TYPE, why, cap, "a frame of unexpected type %u", f.type);
+  uint32_t reserved = mcclGet32(in + 44);
+  if (reserved != 0)
+    return reject(MCCL_WIRE_BAD_RESERVED, why, cap, "a frame whose reserved word is 0x%08x, not 0", reserved);
+  if (f.type == MCCL_FRAME_P2P) {
+    size_t esz = f.dtype < mcclNumTypes ? mcclDataTypeSize((mcclDataType_t)f.dtype) : 0;
+    if (esz == 0) return reject(MCCL_WIRE_BAD_DTYPE, why, cap, "a send/recv frame of unknown dtype %u", f.dtype);
+    if (f.count > (uint64_t)SIZE_MAX / esz)
+      return reject(MCCL_WIRE_BAD_EXTENT, why, cap, "a send/recv frame of %llu %s elements, more than memory holds",
+                    (unsigned long long)f.count, mcclDtypeName(f.dtype));
+    uint64_t total = f.count * esz;
+    if (f.offset > total || f.length > total - f.offset)
+      return reject(MCCL_WIRE_BAD_EXTENT, why, cap,
+                    "a send/recv frame with bytes %llu+%u outside its %llu-byte message",
+                    (unsigned long long)f.offset, f.length, (unsigned long long)total);
+  }
   return MCCL_WIRE_OK;
 }
 

@@ -199,9 +199,11 @@ mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHell
                               mcclHello* out, char* why, size_t cap);
 
 /* Decode a frame header and check what holds for every frame before the receiver looks at it:
- * magic and a known type (P2P only when `p2p_ok`). A DATA frame's other fields are checked
- * against the posted receive (mcclFrameMatch); an ABORT frame's payload is its reason, of any
- * length (the reader keeps the first MCCL_MAX_ABORT_REASON bytes). */
+ * magic, a known type (P2P only when `p2p_ok`), the reserved word zero; for a P2P frame also a
+ * valid dtype and a payload inside its message (offset + length <= count * dtype size, with no
+ * overflow). A DATA frame's other fields are checked against the posted receive (mcclFrameMatch);
+ * an ABORT frame's payload is its reason, of any length (the reader keeps the first
+ * MCCL_MAX_ABORT_REASON bytes). */
 mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_ok, mcclFrame* out,
                                     char* why, size_t cap);
 
