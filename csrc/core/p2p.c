@@ -25,7 +25,8 @@ typedef struct mcclParked {
   int peer, tag;
   mcclDataType_t dtype;
   size_t count, bytes, landed;
-  char* buf;
+  char* buf;                 /* grows as frames land, up to `bytes` (see parkedRoom) */
+  size_t cap;
   struct mcclRequest* claim; /* a receive that matched it before it fully arrived */
   struct mcclParked* next;
 } mcclParked;
@@ -102,6 +103,21 @@ static void freeParked(struct mcclP2pState* st, mcclParked* m) {
     }
   free(m->buf);
   free(m);
+}
+
+/* Make room for the first `end` bytes of a parked message. The buffer grows with the bytes that
+ * actually arrive (doubling, capped at the message's size), not with the size the first frame
+ * claims: a peer can make this rank hold only as much memory as it sent. */
+static int parkedRoom(mcclParked* m, size_t end) {
+  if (end <= m->cap) return 0;
+  size_t want = m->cap * 2 > end ? m->cap * 2 : end;
+  if (want < 4096) want = 4096;
+  if (want > m->bytes) want = m->bytes;
+  char* p = realloc(m->buf, want);
+  if (p == NULL) return -1;
+  m->buf = p;
+  m->cap = want;
+  return 0;
 }
 
 /* A receive is posted: take the oldest parked message it matches, or wait in the posted list. */
@@ -255,7 +271,7 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, char** dst, char* 
     } else {
       mcclParked* m = calloc(1, sizeof(*m));
       size_t bytes = (size_t)f->count * esz;
-      if (m != NULL && (bytes == 0 || (m->buf = malloc(bytes)) != NULL)) {
+      if (m != NULL) {
         m->peer = peer;
         m->tag = tag;
         m->dtype = dt;
@@ -275,7 +291,20 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, char** dst, char* 
   if (f->length == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
   switch (st->cur_kind[peer]) {
     case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset; break;
-    case CUR_PARKED: *dst = ((mcclParked*)st->cur[peer])->buf + f->offset; break;
+    case CUR_PARKED: {
+      mcclParked* m = st->cur[peer];
+      if (parkedRoom(m, (size_t)f->offset + f->length) != 0) {
+        WARN("rank %d: out of memory parking %zu bytes of a message from rank %d; it is dropped",
+             comm->rank, (size_t)f->offset + f->length, peer);
+        if (m->claim != NULL) finish(m->claim, mcclSystemError, "out of memory parking the message for this recv");
+        m->claim = NULL;
+        freeParked(st, m);
+        st->cur_kind[peer] = CUR_DISCARD;
+        break;
+      }
+      *dst = m->buf + f->offset;
+      break;
+    }
     default: break;
   }
   return 0;
