@@ -106,8 +106,8 @@ static void freeParked(struct mcclP2pState* st, mcclParked* m) {
 }
 
 /* Make room for the first `end` bytes of a parked message. The buffer grows with the bytes that
- * actually arrive (doubling, capped at the message's size), not with the size the first frame
- * claims: a peer can make this rank hold only as much memory as it sent. */
+ * actually arrive (doubling, capped at the message's size), not with the size a header claims: a
+ * peer can make this rank hold at most about twice as much memory as it sent. */
 static int parkedRoom(mcclParked* m, size_t end) {
   if (end <= m->cap) return 0;
   size_t want = m->cap * 2 > end ? m->cap * 2 : end;
@@ -221,18 +221,23 @@ static void p2pRound(void* ctx) {
   }
 }
 
-/* A P2P header arrived (the transport checked that its payload lies inside its message). The
+/* A P2P header arrived (the transport checked that its payload lies inside its message), or the
+ * room given for a frame's payload is used up (`done` > 0: say where its next bytes go). The
  * first frame of a message (offset 0, no message in progress from `peer`) is matched or parked;
  * every later frame must continue that message: same tag, sequence, count and dtype, starting
  * where the previous frame ended. Anything else is a protocol error, since a frame that claimed
  * another message's size could otherwise write past the buffer chosen for this one. */
-static int p2pArrive(void* ctx, int peer, const mcclFrame* f, char** dst, char* why, size_t cap) {
+static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char** dst, size_t* room,
+                     char* why, size_t cap) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   mcclDataType_t dt = (mcclDataType_t)f->dtype;
   size_t esz = mcclDataTypeSize(dt);
   *dst = NULL;
-  if (st->cur_kind[peer] != CUR_NONE) {
+  *room = f->length - done;
+  if (done > 0) {
+    /* More room for the frame in progress: only a parked message's buffer runs out. */
+  } else if (st->cur_kind[peer] != CUR_NONE) {
     const mcclFrame* first = &st->cur_frame[peer];
     if (f->root != first->root || f->seq != first->seq || f->count != first->count ||
         f->dtype != first->dtype || f->offset != st->cur_next[peer]) {
@@ -288,21 +293,26 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, char** dst, char* 
       }
     }
   }
-  if (f->length == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
+  if (*room == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
+  size_t at = (size_t)f->offset + done; /* where the next byte goes in the message */
   switch (st->cur_kind[peer]) {
-    case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset; break;
+    case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + at; break;
     case CUR_PARKED: {
+      /* Room for at most the next 64 KiB (parkedRoom then doubles the buffer if that is more):
+       * the buffer stays within about twice the bytes received, whatever the header claims. */
       mcclParked* m = st->cur[peer];
-      if (parkedRoom(m, (size_t)f->offset + f->length) != 0) {
+      size_t step = *room < 65536 ? *room : 65536;
+      if (parkedRoom(m, at + step) != 0) {
         WARN("rank %d: out of memory parking %zu bytes of a message from rank %d; it is dropped",
-             comm->rank, (size_t)f->offset + f->length, peer);
+             comm->rank, at + step, peer);
         if (m->claim != NULL) finish(m->claim, mcclSystemError, "out of memory parking the message for this recv");
         m->claim = NULL;
         freeParked(st, m);
         st->cur_kind[peer] = CUR_DISCARD;
         break;
       }
-      *dst = m->buf + f->offset;
+      *dst = m->buf + at;
+      if (*room > m->cap - at) *room = m->cap - at;
       break;
     }
     default: break;

@@ -438,6 +438,25 @@ static mcclResult_t abortArrived(mcclTransport* t, int peer) {
   return mcclRemoteError;
 }
 
+/* Ask the owner of the P2P frame being read where its next bytes go (see mcclP2pHooks.arrive). */
+static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  char why[300] = "";
+  char* dst = NULL;
+  size_t room = 0, done = c->rx_frame.length - c->rx_left;
+  if (t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, done, &dst, &room, why, sizeof(why)) != 0) {
+    snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
+    return mcclProtocolError;
+  }
+  if (room > c->rx_left || (room == 0 && c->rx_left > 0)) {
+    snprintf(t->error, sizeof(t->error), "internal: room for %zu bytes of a frame with %zu left", room, c->rx_left);
+    return mcclInternalError;
+  }
+  c->rx_dst = dst;
+  c->rx_room = room;
+  return mcclSuccess;
+}
+
 /* Read from `c` while someone wants its bytes and the socket has them. Frames arrive as a header
  * then a payload. Every header is checked first (mcclFrameHeaderCheck); then a DATA header is
  * matched against the head posted receive and its payload read straight into that receive's
@@ -455,7 +474,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     if (c->rx_mode == MCCL_RX_HEADER) {
       n = recv(c->fd, c->rhdr + c->rhdr_got, MCCL_FRAME_BYTES - c->rhdr_got, MSG_DONTWAIT);
     } else if (reading) {
-      size_t want = c->rx_dst ? c->rx_left : (c->rx_left < sizeof(sink) ? c->rx_left : sizeof(sink));
+      size_t want = c->rx_dst ? c->rx_room : (c->rx_room < sizeof(sink) ? c->rx_room : sizeof(sink));
       n = recv(c->fd, c->rx_dst ? c->rx_dst : sink, want, MSG_DONTWAIT);
     }
     if (reading) {
@@ -483,21 +502,19 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_mode = MCCL_RX_ABORT;
         c->rx_dst = c->abort_reason;
         c->rx_left = c->rx_frame.length < MCCL_MAX_ABORT_REASON ? c->rx_frame.length : MCCL_MAX_ABORT_REASON;
+        c->rx_room = c->rx_left;
       } else if (c->rx_frame.type == MCCL_FRAME_P2P) {
-        char* dst = NULL;
-        if (t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, &dst, why, sizeof(why)) != 0) {
-          snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
-          return mcclProtocolError;
-        }
         c->rx_mode = MCCL_RX_P2P;
-        c->rx_dst = dst;
         c->rx_left = c->rx_frame.length;
+        MCCLCHECK(p2pRoom(t, peer));
       } else {
         c->rx_mode = MCCL_RX_PEEKED;
       }
     } else if (reading) {
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
+      c->rx_room -= (size_t)n;
+      if (c->rx_mode == MCCL_RX_P2P && c->rx_room == 0 && c->rx_left > 0) MCCLCHECK(p2pRoom(t, peer));
     }
     if (c->rx_mode == MCCL_RX_PEEKED) {
       if (c->rq_head == NULL) return mcclSuccess; /* wait for the algorithm to post its receive */
@@ -505,6 +522,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       c->rx_mode = MCCL_RX_COLL;
       c->rx_dst = c->rq_head->buf;
       c->rx_left = c->rq_head->bytes;
+      c->rx_room = c->rx_left;
     }
     if (c->rx_left > 0) continue;
     if (c->rx_mode == MCCL_RX_COLL) {
@@ -518,6 +536,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       return abortArrived(t, peer);
     }
     c->rx_mode = MCCL_RX_HEADER;
+    c->rx_dst = NULL;
   }
   return mcclSuccess;
 }

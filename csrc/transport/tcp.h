@@ -51,7 +51,9 @@ typedef struct mcclConn {
                                      an ABORT frame */
   mcclFrame rx_frame;             /* the header of the frame being read */
   char* rx_dst;                   /* where its payload goes (NULL: discarded) */
-  size_t rx_left;
+  size_t rx_left;                 /* payload bytes of the frame still to read */
+  size_t rx_room;                 /* of those, how many may go to rx_dst before the owner of a
+                                     P2P frame is asked where the rest goes */
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
   char abort_reason[MCCL_MAX_ABORT_REASON + 1]; /* an ABORT frame's reason as it arrives */
   int dead;                       /* 1: the peer or this rank failed, later use is an error;
@@ -63,11 +65,15 @@ typedef struct mcclConn {
  * one goes. All callbacks run on the engine thread, inside mcclTransportProgress. */
 typedef struct {
   void* ctx;
-  /* A P2P frame's header arrived from `peer` (mcclFrameHeaderCheck passed: its payload lies
-   * inside its message): set *dst to where the payload goes (NULL: discard it) and return 0, or
-   * return nonzero with `why` saying how the frame breaks the protocol (the transport then fails
-   * with mcclProtocolError naming the peer). */
-  int (*arrive)(void* ctx, int peer, const mcclFrame* f, char** dst, char* why, size_t cap);
+  /* A P2P frame from `peer` (its header passed mcclFrameHeaderCheck, so its payload lies inside
+   * its message) has `done` of its payload bytes read (0: just the header): set *dst to where the
+   * next bytes go (NULL: discard them) and *room to how many may go there (1 up to the frame's
+   * remaining bytes; 0 when none remain), and return 0. The transport asks again whenever the
+   * room is used up before the frame ends, so an owner can grow a buffer as bytes arrive instead
+   * of trusting the length a header claims. Nonzero: the frame breaks the protocol, `why` says
+   * how, and the transport fails with mcclProtocolError naming the peer. */
+  int (*arrive)(void* ctx, int peer, const mcclFrame* f, size_t done, char** dst, size_t* room,
+                char* why, size_t cap);
   /* That frame's payload has landed. */
   void (*landed)(void* ctx, int peer, const mcclFrame* f);
   /* Nonzero while a receive is posted that frames from `peer` could satisfy. */
