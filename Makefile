@@ -1,6 +1,7 @@
 # MCCL build. `make` builds the C library (no PyTorch needed); `make ctest` builds and runs the C
 # tests, each in its own process under a deadline; `make train` / `make test` are the README's two
 # commands (they create .venv, install everything and build the PyTorch extension first).
+# `make asan` and `make tsan` run the C suite under ASan+UBSan and TSan.
 CC      ?= cc
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -18,7 +19,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(BUILD)/tests/%)
 TEST_COMMON := tests/c/harness.c
 
-.PHONY: all lib ctest clean venv install train test
+.PHONY: all lib ctest check-noabort clean venv install train test asan tsan
 all: lib
 lib: $(BUILD)/libmccl.a $(BUILD)/libmccl.so
 
@@ -37,13 +38,46 @@ $(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h $(BUILD)/libmccl.
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(TEST_COMMON) $(BUILD)/libmccl.a $(LDLIBS)
 
-# Each C test binary runs in its own process with a deadline (tests/c/run_tests.sh).
-ctest: $(TEST_BINS)
+# Each C test binary runs in its own process with a deadline (tests/c/run_tests.sh). CTEST_ENV
+# prefixes the run (the sanitizer targets set their options and MCCL_TEST_QUICK there).
+# CTEST_SKIP names tests to leave out (tsan: test_reduce, which starts no thread).
+CTEST_ENV ?=
+CTEST_SKIP ?=
+CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
+ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
-	tests/c/run_tests.sh $(TEST_BINS)
+	$(CTEST_ENV) tests/c/run_tests.sh $(CTEST_BINS)
+
+# The library never ends the process: no abort(), exit() or assert() (mccl.h promises it).
+check-noabort: $(BUILD)/libmccl.a
+	tests/c/check_noabort.sh $(BUILD)/libmccl.a
 
 clean:
-	rm -rf $(BUILD) *.egg-info python/*.egg-info python/mccl/*.so
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
+
+# ---- sanitizers ---------------------------------------------------------------
+# The library and every C test rebuilt in a directory of its own, then the whole C suite run; any
+# report fails the run (UBSan does not recover, TSan halts on the first race, LeakSanitizer runs
+# in every forked rank too: tests/c/harness.c). MCCL_TEST_QUICK=1 shrinks test_collectives' largest
+# buffers (every collective, algorithm, dtype and op still runs); under TSan, which is slower, it
+# runs 1..6 ranks instead of 1..9. test_reduce skips its throughput printout under ASan and does
+# not run under TSan: it never starts a thread, so TSan could only make it slower (the kernels'
+# use from several threads is covered by the multi-rank tests).
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_FLAGS := -fsanitize=thread
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1
+TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 \
+            MCCL_TEST_MAX_RANKS=6
+SAN_DEADLINE ?= 900
+
+asan:
+	$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 SAN='$(ASAN_FLAGS)' \
+	  CTEST_ENV='$(ASAN_ENV) MCCL_TEST_DEADLINE=$(SAN_DEADLINE)' ctest
+
+tsan:
+	$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN='$(TSAN_FLAGS)' CTEST_SKIP=test_reduce \
+	  CTEST_ENV='$(TSAN_ENV) MCCL_TEST_DEADLINE=$(SAN_DEADLINE)' ctest
 
 # ---- Python side: the README's commands --------------------------------------------------------
 $(VENV)/.installed: requirements.txt
@@ -67,3 +101,4 @@ train: install
 
 test: install ctest
 	$(VENV)/bin/python -m pytest -q tests/python
+
