@@ -1,7 +1,8 @@
 # MCCL build. `make` builds the C library (no PyTorch needed); `make ctest` builds and runs the C
 # tests, each in its own process under a deadline; `make train` / `make test` are the README's two
 # commands (they create .venv, install everything and build the PyTorch extension first).
-# `make asan` and `make tsan` run the C suite under ASan+UBSan and TSan.
+# `make asan`, `make tsan` and `make fuzz-smoke` run the C suite under sanitizers and the fuzzers
+# for a short while (docs/FUZZING.md); `make ci` is `make test` plus those three (.ci/run).
 CC      ?= cc
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -19,7 +20,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(BUILD)/tests/%)
 TEST_COMMON := tests/c/harness.c
 
-.PHONY: all lib ctest check-noabort clean venv install train test asan tsan
+.PHONY: all lib ctest check-noabort clean venv install train test asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci
 all: lib
 lib: $(BUILD)/libmccl.a $(BUILD)/libmccl.so
 
@@ -55,7 +56,7 @@ check-noabort: $(BUILD)/libmccl.a
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
 
-# ---- sanitizers ---------------------------------------------------------------
+# ---- sanitizers (docs/FUZZING.md) ---------------------------------------------------------------
 # The library and every C test rebuilt in a directory of its own, then the whole C suite run; any
 # report fails the run (UBSan does not recover, TSan halts on the first race, LeakSanitizer runs
 # in every forked rank too: tests/c/harness.c). MCCL_TEST_QUICK=1 shrinks test_collectives' largest
@@ -78,6 +79,39 @@ asan:
 tsan:
 	$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN='$(TSAN_FLAGS)' CTEST_SKIP=test_reduce \
 	  CTEST_ENV='$(TSAN_ENV) MCCL_TEST_DEADLINE=$(SAN_DEADLINE)' ctest
+
+# ---- fuzzing (docs/FUZZING.md) ------------------------------------------------------------------
+# libFuzzer targets for the handshake/frame checks and the receive state machine, built with clang
+# (Debian: apt-get install clang) against a library instrumented for coverage, ASan and UBSan.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_TARGETS := wire rx
+FUZZ_SECONDS ?= 30
+FUZZ_JOBS    ?= 1
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/c/loopback.h $(BUILD)/libmccl.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -Itests/c -Itests/fuzz -o $@ $< $(BUILD)/libmccl.a $(LDLIBS)
+
+fuzz:
+	@tests/fuzz/check_clang.sh $(FUZZ_CC)
+	$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 \
+	  SAN='-fsanitize=fuzzer-no-link $(FUZZ_FLAGS) -Wno-unknown-warning-option' $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/fuzz_%)
+
+# CI: each target for FUZZ_SECONDS from the checked-in seeds; must find nothing.
+fuzz-smoke: fuzz
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) 1 $(FUZZ_TARGETS)
+
+# A long run: make fuzz-run FUZZ_SECONDS=3600 FUZZ_JOBS=4 (new inputs go to build-fuzz/corpus/).
+fuzz-run: fuzz
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
+
+# Rewrite the checked-in seeds from valid messages (tests/fuzz/gen_corpus.c).
+fuzz-corpus: $(BUILD)/libmccl.a
+	@mkdir -p $(BUILD)/fuzz
+	$(CC) $(CFLAGS) -Itests/fuzz -o $(BUILD)/fuzz/gen_corpus tests/fuzz/gen_corpus.c $(BUILD)/libmccl.a $(LDLIBS)
+	rm -rf tests/fuzz/corpus && $(BUILD)/fuzz/gen_corpus tests/fuzz/corpus
 
 # ---- Python side: the README's commands --------------------------------------------------------
 $(VENV)/.installed: requirements.txt
@@ -102,3 +136,12 @@ train: install
 test: install ctest
 	$(VENV)/bin/python -m pytest -q tests/python
 
+# What CI runs (.ci/run): the README's test command, then the C suite under ASan+UBSan and TSan,
+# then a short fuzz run, one after another (timing-sensitive tests must not share the CPU with a
+# build); each sanitizer build compiles with CI_JOBS.
+CI_JOBS ?= -j2
+ci:
+	$(MAKE) test
+	$(MAKE) $(CI_JOBS) asan
+	$(MAKE) $(CI_JOBS) tsan
+	$(MAKE) $(CI_JOBS) fuzz-smoke
