@@ -177,9 +177,17 @@ MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_o
                                          mcclTcpStoreServer_t** server) {
   mcclSockaddr addr;
   char text[MCCL_ADDR_STRLEN];
+  if (port_out == NULL || server == NULL) {
+    mcclSetThreadError("mcclTcpStoreListen: %s is NULL", port_out == NULL ? "port_out" : "server");
+    return mcclInvalidArgument;
+  }
+  if (port < 0 || port > 65535) {
+    mcclSetThreadError("mcclTcpStoreListen: port %d is outside 0..65535 (0: an ephemeral port)", port);
+    return mcclInvalidArgument;
+  }
   snprintf(text, sizeof(text), "%s:%d", host ? host : "0.0.0.0", port > 0 ? port : 1);
   if (mcclSockaddrParse(text, &addr) != 0) {
-    mcclSetThreadError("mcclTcpStoreListen: '%s' is not a numeric address", host);
+    mcclSetThreadError("mcclTcpStoreListen: host '%s' is not a numeric IPv4 or [IPv6] address", host);
     return mcclInvalidArgument;
   }
   if (port <= 0) addr.sin.sin_port = 0; /* same offset for sin6_port */
@@ -198,6 +206,15 @@ MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_o
 }
 
 MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* s, int expected_clients) {
+  if (s == NULL) {
+    mcclSetThreadError("mcclTcpStoreServe: server is NULL");
+    return mcclInvalidArgument;
+  }
+  if (expected_clients < 0) {
+    mcclSetThreadError("mcclTcpStoreServe: expected_clients %d is negative (0: serve until stopped)",
+                       expected_clients);
+    return mcclInvalidArgument;
+  }
   int seen = 0;
   for (;;) {
     if (expected_clients > 0 && seen >= expected_clients && s->nclients == 0) return mcclSuccess;
@@ -259,6 +276,7 @@ MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* s, int expected_cl
 }
 
 MCCL_API void mcclTcpStoreStop(mcclTcpStoreServer_t* s) {
+  if (s == NULL) return; /* nothing to stop (void: no result to report) */
   char b = 1;
   ssize_t ignored = write(s->stop_pipe[1], &b, 1);
   (void)ignored;
@@ -293,7 +311,7 @@ typedef struct {
 
 static mcclResult_t readFull(storeConn* sc, void* buf, size_t len, int64_t timeout_ms) {
   char* p = buf;
-  int64_t deadline = mcclNowNs() + timeout_ms * 1000000LL;
+  int64_t deadline = mcclDeadlineNs(timeout_ms);
   while (len > 0) {
     int64_t left = (deadline - mcclNowNs()) / 1000000LL;
     if (left <= 0) { sc->broken = 1; return mcclTimeout; }
@@ -379,12 +397,24 @@ static mcclResult_t clientAdd(void* ctx, const char* key, int64_t delta, int64_t
 MCCL_API mcclResult_t mcclTcpStoreConnect(const char* host, int port, int64_t timeout_ms, mcclStore_t* store) {
   mcclSockaddr addr;
   char text[MCCL_ADDR_STRLEN];
-  snprintf(text, sizeof(text), "%s:%d", host, port);
-  if (mcclSockaddrParse(text, &addr) != 0) {
-    mcclSetThreadError("mcclTcpStoreConnect: '%s' is not a numeric host:port", text);
+  if (host == NULL || store == NULL) {
+    mcclSetThreadError("mcclTcpStoreConnect: %s is NULL", host == NULL ? "host" : "store");
     return mcclInvalidArgument;
   }
-  int64_t deadline = mcclNowNs() + timeout_ms * 1000000LL;
+  if (port < 1 || port > 65535) {
+    mcclSetThreadError("mcclTcpStoreConnect: port %d is outside 1..65535", port);
+    return mcclInvalidArgument;
+  }
+  if (timeout_ms < 0) {
+    mcclSetThreadError("mcclTcpStoreConnect: timeout_ms %lld is negative", (long long)timeout_ms);
+    return mcclInvalidArgument;
+  }
+  snprintf(text, sizeof(text), "%s:%d", host, port);
+  if (mcclSockaddrParse(text, &addr) != 0) {
+    mcclSetThreadError("mcclTcpStoreConnect: host '%s' is not a numeric IPv4 or [IPv6] address", host);
+    return mcclInvalidArgument;
+  }
+  int64_t deadline = mcclDeadlineNs(timeout_ms);
   for (;;) {
     int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return mcclSystemError;
