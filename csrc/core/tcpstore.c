@@ -7,6 +7,8 @@
  * Reply:    SET: u8 1 | GET: val_len u32 | value (sent once the key exists) | ADD: i64 new value
  *           | WAIT: u8 1 (once the key exists)
  * Integers little-endian. A GET or WAIT for a missing key is parked until a SET or ADD creates it.
+ * A request with an unknown op, a key of 0 or more than 4096 bytes or one holding a NUL byte, or a
+ * value over 64 MiB ends the client's connection.
  */
 #include <errno.h>
 #include <poll.h>
@@ -66,13 +68,18 @@ static kvEntry* kvPut(mcclTcpStoreServer_t* s, const char* key, const uint8_t* v
       s->kv = kv;
       s->kv_cap = cap;
     }
+    char* k = strdup(key);
+    if (k == NULL) return NULL;
     e = &s->kv[s->nkv++];
-    e->key = strdup(key);
+    e->key = k;
     e->val = NULL;
+    e->len = 0;
   }
+  uint8_t* v = malloc(len ? len : 1);
+  if (v == NULL) return NULL; /* the old value stays; the client is dropped */
+  memcpy(v, val, len);
   free(e->val);
-  e->val = malloc(len ? len : 1);
-  memcpy(e->val, val, len);
+  e->val = v;
   e->len = len;
   return e;
 }
@@ -139,6 +146,8 @@ static int serveClient(mcclTcpStoreServer_t* s, storeClient* c) {
       need += 8;
     }
     if (avail < need) break;
+    /* Keys are C strings everywhere else: "a\0b" would silently be the key "a". */
+    if (memchr(p + 5, '\0', klen) != NULL) return -1;
     char key[MAX_KEY + 1];
     memcpy(key, p + 5, klen);
     key[klen] = '\0';
