@@ -86,7 +86,7 @@ tsan:
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-FUZZ_TARGETS := wire rx
+FUZZ_TARGETS := wire rx store
 FUZZ_SECONDS ?= 30
 FUZZ_JOBS    ?= 1
 

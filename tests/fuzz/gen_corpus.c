@@ -1,7 +1,7 @@
 /*
  * gen_corpus.c: writes the checked-in seed corpus of the fuzz targets from valid messages built
  * with the library's own encoders (wire.h), so the fuzzers start from bytes the library accepts
- * and mutate outward. `make fuzz-corpus` runs it; its output is tests/fuzz/corpus/{wire,rx}/.
+ * and mutate outward. `make fuzz-corpus` runs it; its output is tests/fuzz/corpus/{wire,rx,store}/.
  *
  * Usage: gen_corpus <corpus dir>
  */
@@ -242,6 +242,70 @@ static void rxSeeds(void) {
   emit("rx", "regress-parked-4g-frame", s.b, s.n);
 }
 
+/* ---- fuzz_store seeds ----------------------------------------------------------------------- */
+
+/* A request of the store protocol (tcpstore.c): op u8, key_len u32, key, then the value (SET:
+ * len u32 + bytes) or the delta (ADD: i64). */
+static size_t storeReq(uint8_t* out, size_t pos, int op, const char* key, const void* val, uint32_t vlen,
+                       int64_t delta) {
+  size_t klen = strlen(key);
+  pos = fuzzPut(out, pos, (uint64_t)op, 1);
+  pos = fuzzPut(out, pos, klen, 4);
+  memcpy(out + pos, key, klen);
+  pos += klen;
+  if (op == 1) {
+    pos = fuzzPut(out, pos, vlen, 4);
+    memcpy(out + pos, val, vlen);
+    pos += vlen;
+  } else if (op == 3) {
+    pos = fuzzPut(out, pos, (uint64_t)delta, 8);
+  }
+  return pos;
+}
+
+static void storeSeeds(void) {
+  uint8_t b[1024];
+  /* What an init does: add to the counter, set the token, set and get addresses; in 7-byte
+   * chunks (seed byte 0x35). */
+  size_t n = fuzzPut(b, 0, 0x35, 1);
+  n = storeReq(b, n, 3, "mccl/test/inits", NULL, 0, 1);
+  n = storeReq(b, n, 3, "mccl/test/inits", NULL, 0, 1);
+  n = storeReq(b, n, 1, "mccl/test/g0/token", "0123456789abcdef", 16, 0);
+  n = storeReq(b, n, 1, "mccl/test/g0/addr/0", "127.0.0.1:40001", 15, 0);
+  n = storeReq(b, n, 4, "mccl/test/g0/addr/0", NULL, 0, 0);
+  n = storeReq(b, n, 2, "mccl/test/g0/addr/0", NULL, 0, 0);
+  n = storeReq(b, n, 2, "mccl/test/g0/token", NULL, 0, 0);
+  emit("store", "init", b, n);
+  /* An empty value, an overwrite, an ADD over a non-counter, then a GET that parks for good. */
+  n = fuzzPut(b, 0, 0, 1);
+  n = storeReq(b, n, 1, "k", "", 0, 0);
+  n = storeReq(b, n, 1, "k", "value", 5, 0);
+  n = storeReq(b, n, 3, "k", NULL, 0, -7);
+  n = storeReq(b, n, 2, "k", NULL, 0, 0);
+  n = storeReq(b, n, 2, "missing", NULL, 0, 0);
+  n = storeReq(b, n, 1, "after", "x", 1, 0);
+  emit("store", "overwrite-park", b, n);
+  /* A malformed request after a good one (op 9). */
+  n = fuzzPut(b, 0, 0x11, 1);
+  n = storeReq(b, n, 1, "a", "b", 1, 0);
+  n = fuzzPut(b, n, 9, 1);
+  n = fuzzPut(b, n, 1, 4);
+  b[n++] = 'z';
+  emit("store", "bad-op", b, n);
+  /* Regression: a key holding a NUL byte was accepted and stored as the C string before it ("a"
+   * here), aliasing another key; it now ends the connection. */
+  n = fuzzPut(b, 0, 0, 1);
+  n = storeReq(b, n, 1, "a", "1", 1, 0);
+  n = fuzzPut(b, n, 1, 1);
+  n = fuzzPut(b, n, 3, 4);
+  memcpy(b + n, "a\0b", 3);
+  n += 3;
+  n = fuzzPut(b, n, 1, 4);
+  b[n++] = '2';
+  n = storeReq(b, n, 2, "a", NULL, 0, 0);
+  emit("store", "regress-nul-key", b, n);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -254,5 +318,6 @@ int main(int argc, char** argv) {
   }
   wireSeeds();
   rxSeeds();
+  storeSeeds();
   return 0;
 }
