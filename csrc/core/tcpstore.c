@@ -157,12 +157,13 @@ static int serveClient(mcclTcpStoreServer_t* s, storeClient* c) {
       if (e == NULL || writeAll(c->fd, &one, 1) != 0) return -1;
       wakeParked(s, e);
     } else if (op == OP_ADD) {
-      int64_t delta = (int64_t)mcclGet64(p + 5 + klen);
+      /* Two's complement wrap-around, in unsigned arithmetic: a signed overflow would be
+       * undefined behaviour, and the counter's bytes come from clients. */
+      uint64_t v = mcclGet64(p + 5 + klen);
       kvEntry* e = kvFind(s, key);
-      int64_t v = delta;
-      if (e != NULL && e->len == 8) v += (int64_t)mcclGet64(e->val);
+      if (e != NULL && e->len == 8) v += mcclGet64(e->val);
       uint8_t enc[8];
-      mcclPut64(enc, (uint64_t)v);
+      mcclPut64(enc, v);
       e = kvPut(s, key, enc, 8);
       if (e == NULL || writeAll(c->fd, enc, 8) != 0) return -1;
       wakeParked(s, e);

@@ -304,6 +304,14 @@ static void storeSeeds(void) {
   b[n++] = '2';
   n = storeReq(b, n, 2, "a", NULL, 0, 0);
   emit("store", "regress-nul-key", b, n);
+  /* Regression: ADDs whose sum overflows int64 (undefined behaviour in the server until it
+   * summed in unsigned arithmetic; the result wraps around). */
+  n = fuzzPut(b, 0, 0, 1);
+  n = storeReq(b, n, 3, "c", NULL, 0, INT64_MAX);
+  n = storeReq(b, n, 3, "c", NULL, 0, 1);
+  n = storeReq(b, n, 3, "c", NULL, 0, INT64_MIN);
+  n = storeReq(b, n, 3, "c", NULL, 0, -1);
+  emit("store", "regress-add-overflow", b, n);
 }
 
 int main(int argc, char** argv) {
