@@ -190,7 +190,7 @@ static void p2pRound(void* ctx) {
     struct mcclRequest* req = fresh;
     fresh = fresh->next;
     req->next = NULL;
-    req->deadline_ns = mcclNowNs() + req->timeout_ms * 1000000LL;
+    req->deadline_ns = mcclDeadlineNs(req->timeout_ms);
     if (req->op.coll == MCCL_COLL_SEND) postSend(comm, req);
     else postRecv(comm, req);
   }

@@ -350,6 +350,15 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     mcclRequestFree(req);
   }
   if (r == 1) EXPECT(got == 10.0f, "received %g", got);
+  /* A send/recv whose timeout means "forever": its deadline must not overflow (UBSan builds
+   * fail on the overflow itself; p2p.c clamps it through mcclDeadlineNs). */
+  mcclOpOptions_t forever;
+  memset(&forever, 0, sizeof(forever));
+  forever.timeout_ms = INT64_MAX;
+  got = 0;
+  if (r == 0) EXPECT_OK(comm, mcclSend(&msg, 1, mcclFloat32, 1, 4, comm, &forever, NULL));
+  else EXPECT_OK(comm, mcclRecv(&got, 1, mcclFloat32, 0, 4, comm, &forever, NULL));
+  if (r == 1) EXPECT(got == 10.0f, "received %g with a timeout of INT64_MAX ms", got);
   mcclResult_t async = mcclInternalError;
   EXPECT_OK(comm, mcclCommGetAsyncError(comm, &async));
   EXPECT(async == mcclSuccess, "argument errors failed the communicator: %s", mcclGetErrorString(async));
