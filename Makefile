@@ -87,7 +87,7 @@ FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_TARGETS := wire rx store
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 20
 FUZZ_JOBS    ?= 1
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/c/loopback.h $(BUILD)/libmccl.a
@@ -141,7 +141,7 @@ test: install ctest
 # build); each sanitizer build compiles with CI_JOBS.
 CI_JOBS ?= -j2
 ci:
-	$(MAKE) test
-	$(MAKE) $(CI_JOBS) asan
-	$(MAKE) $(CI_JOBS) tsan
-	$(MAKE) $(CI_JOBS) fuzz-smoke
+	@t=$$(date +%s); $(MAKE) test && echo "ci: make test passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) asan && echo "ci: make asan passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) tsan && echo "ci: make tsan passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) fuzz-smoke && echo "ci: make fuzz-smoke passed in $$(( $$(date +%s) - t )) s"
