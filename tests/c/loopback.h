@@ -11,6 +11,7 @@
 #ifndef MCCL_TEST_LOOPBACK_H_
 #define MCCL_TEST_LOOPBACK_H_
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,7 @@ static inline size_t loopbackWrite(mcclLoopback* lb, const void* data, size_t le
   size_t done = 0;
   while (done < len) {
     ssize_t n = send(lb->peer_fd, (const char*)data + done, len - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue; /* libFuzzer's timer signal */
     if (n <= 0) break;
     done += (size_t)n;
   }

@@ -199,7 +199,25 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sin.sin_family = AF_INET;
   sin.sin_port = htons((uint16_t)port);
   sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, (struct sockaddr*)&sin, sizeof(sin)) == 0);
+  /* libFuzzer's timer signal (-timeout) interrupts blocking calls: retry them. */
+  int rc;
+  do {
+    rc = connect(fd, (struct sockaddr*)&sin, sizeof(sin));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0 && errno == EISCONN) rc = 0; /* an interrupted connect that completed meanwhile */
+  if (rc != 0 && (errno == EALREADY || errno == EINPROGRESS)) {
+    struct pollfd pf = {fd, POLLOUT, 0};
+    while (poll(&pf, 1, 10000) < 0 && errno == EINTR) {}
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "fuzz_store: connect to 127.0.0.1:%d: %s\n", port, strerror(errno));
+    REQUIRE(0);
+  }
   /* Closing with unread replies must not turn into a reset that hides them: replies are read
    * while writing, and the socket is closed only after end of stream. */
   uint8_t* got = NULL;
@@ -214,6 +232,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (piece < n) n = piece;
     }
     ssize_t w = send(fd, stream + pos, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break; /* the server dropped us (a malformed request): fine, see below */
     pos += (size_t)w;
     if (readSome(fd, &got, &got_len, &got_cap, 0) < 0) eof = 1;
