@@ -1,6 +1,8 @@
 # MCCL build. `make` builds the C library (no PyTorch needed); `make ctest` builds and runs the C
 # tests, each in its own process under a deadline; `make train` / `make test` are the README's two
 # commands (they create .venv, install everything and build the PyTorch extension first).
+# `make asan`, `make tsan` and `make fuzz-smoke` run the C suite under sanitizers and the fuzzers
+# for a short while (docs/FUZZING.md); `make ci` is `make test` plus those three (.ci/run).
 CC      ?= cc
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -18,7 +20,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(BUILD)/tests/%)
 TEST_COMMON := tests/c/harness.c
 
-.PHONY: all lib ctest clean venv install train test
+.PHONY: all lib ctest check-noabort clean venv install train test asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci
 all: lib
 lib: $(BUILD)/libmccl.a $(BUILD)/libmccl.so
 
@@ -37,13 +39,79 @@ $(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h $(BUILD)/libmccl.
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(TEST_COMMON) $(BUILD)/libmccl.a $(LDLIBS)
 
-# Each C test binary runs in its own process with a deadline (tests/c/run_tests.sh).
-ctest: $(TEST_BINS)
+# Each C test binary runs in its own process with a deadline (tests/c/run_tests.sh). CTEST_ENV
+# prefixes the run (the sanitizer targets set their options and MCCL_TEST_QUICK there).
+# CTEST_SKIP names tests to leave out (tsan: test_reduce, which starts no thread).
+CTEST_ENV ?=
+CTEST_SKIP ?=
+CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
+ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
-	tests/c/run_tests.sh $(TEST_BINS)
+	$(CTEST_ENV) tests/c/run_tests.sh $(CTEST_BINS)
+
+# The library never ends the process: no abort(), exit() or assert() (mccl.h promises it).
+check-noabort: $(BUILD)/libmccl.a
+	tests/c/check_noabort.sh $(BUILD)/libmccl.a
 
 clean:
-	rm -rf $(BUILD) *.egg-info python/*.egg-info python/mccl/*.so
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
+
+# ---- sanitizers (docs/FUZZING.md) ---------------------------------------------------------------
+# The library and every C test rebuilt in a directory of its own, then the whole C suite run; any
+# report fails the run (UBSan does not recover, TSan halts on the first race, LeakSanitizer runs
+# in every forked rank too: tests/c/harness.c). MCCL_TEST_QUICK=1 shrinks test_collectives' largest
+# buffers (every collective, algorithm, dtype and op still runs); under TSan, which is slower, it
+# runs 1..6 ranks instead of 1..9. test_reduce skips its throughput printout under ASan and does
+# not run under TSan: it never starts a thread, so TSan could only make it slower (the kernels'
+# use from several threads is covered by the multi-rank tests).
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_FLAGS := -fsanitize=thread
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1
+TSAN_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 \
+            MCCL_TEST_MAX_RANKS=6
+SAN_DEADLINE ?= 900
+
+asan:
+	$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 SAN='$(ASAN_FLAGS)' \
+	  CTEST_ENV='$(ASAN_ENV) MCCL_TEST_DEADLINE=$(SAN_DEADLINE)' ctest
+
+tsan:
+	$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN='$(TSAN_FLAGS)' CTEST_SKIP=test_reduce \
+	  CTEST_ENV='$(TSAN_ENV) MCCL_TEST_DEADLINE=$(SAN_DEADLINE)' ctest
+
+# ---- fuzzing (docs/FUZZING.md) ------------------------------------------------------------------
+# libFuzzer targets for the handshake/frame checks and the receive state machine, built with clang
+# (Debian: apt-get install clang) against a library instrumented for coverage, ASan and UBSan.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_TARGETS := wire rx store
+FUZZ_SECONDS ?= 20
+FUZZ_JOBS    ?= 1
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/c/loopback.h $(BUILD)/libmccl.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -Itests/c -Itests/fuzz -o $@ $< $(BUILD)/libmccl.a $(LDLIBS)
+
+fuzz:
+	@tests/fuzz/check_clang.sh $(FUZZ_CC)
+	$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 \
+	  SAN='-fsanitize=fuzzer-no-link $(FUZZ_FLAGS) -Wno-unknown-warning-option' $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/fuzz_%)
+
+# CI: each target for FUZZ_SECONDS from the checked-in seeds; must find nothing.
+fuzz-smoke: fuzz
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) 1 $(FUZZ_TARGETS)
+
+# A long run: make fuzz-run FUZZ_SECONDS=3600 FUZZ_JOBS=4 (new inputs go to build-fuzz/corpus/).
+fuzz-run: fuzz
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
+
+# Rewrite the checked-in seeds from valid messages (tests/fuzz/gen_corpus.c).
+fuzz-corpus: $(BUILD)/libmccl.a
+	@mkdir -p $(BUILD)/fuzz
+	$(CC) $(CFLAGS) -Itests/fuzz -o $(BUILD)/fuzz/gen_corpus tests/fuzz/gen_corpus.c $(BUILD)/libmccl.a $(LDLIBS)
+	rm -rf tests/fuzz/corpus && $(BUILD)/fuzz/gen_corpus tests/fuzz/corpus
 
 # ---- Python side: the README's commands --------------------------------------------------------
 $(VENV)/.installed: requirements.txt
@@ -67,3 +135,13 @@ train: install
 
 test: install ctest
 	$(VENV)/bin/python -m pytest -q tests/python
+
+# What CI runs (.ci/run): the README's test command, then the C suite under ASan+UBSan and TSan,
+# then a short fuzz run, one after another (timing-sensitive tests must not share the CPU with a
+# build); each sanitizer build compiles with CI_JOBS.
+CI_JOBS ?= -j2
+ci:
+	@t=$$(date +%s); $(MAKE) test && echo "ci: make test passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) asan && echo "ci: make asan passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) tsan && echo "ci: make tsan passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) fuzz-smoke && echo "ci: make fuzz-smoke passed in $$(( $$(date +%s) - t )) s"

@@ -116,14 +116,16 @@ typedef struct mcclStore {
 /* The built-in TCP store, for C programs and tools that have no torch store.
  * One process serves (mcclTcpStoreServe) and every rank connects as a client.
  *
- * mcclTcpStoreListen: bind a listening socket on `host` (NULL: all interfaces) and `port` (0: an
- *   ephemeral port); writes the bound port to `*port_out` and the server handle to `*server`.
+ * mcclTcpStoreListen: bind a listening socket on `host` (a numeric address; NULL: all interfaces)
+ *   and `port` (0..65535, 0: an ephemeral port); writes the bound port to `*port_out` and the
+ *   server handle to `*server`.
  * mcclTcpStoreServe: serve requests until mcclTcpStoreStop is called from another thread or
  *   `expected_clients` clients have connected and all of them have closed (0: serve until
  *   stopped). Blocks the calling thread.
- * mcclTcpStoreStop / mcclTcpStoreFree: stop serving; free the server.
- * mcclTcpStoreConnect: connect to `host`:`port`, retrying until `timeout_ms`; fills `*store`.
- * mcclTcpStoreClose: close a client store made by mcclTcpStoreConnect. */
+ * mcclTcpStoreStop / mcclTcpStoreFree: stop serving; free the server (both: NULL is a no-op).
+ * mcclTcpStoreConnect: connect to `host`:`port` (numeric, 1..65535), retrying until `timeout_ms`
+ *   (>= 0; 0: one attempt); fills `*store`.
+ * mcclTcpStoreClose: close a client store made by mcclTcpStoreConnect (NULL: a no-op). */
 typedef struct mcclTcpStoreServer mcclTcpStoreServer_t;
 MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_out,
                                          mcclTcpStoreServer_t** server);
@@ -144,13 +146,16 @@ typedef struct mcclCommConfig {
   int rank;               /* This process's rank, 0 <= rank < nranks. */
   int nranks;             /* The world size of this communicator, >= 1. */
   mcclStore_t store;      /* How ranks exchange addresses and the job token. */
-  const char* name;       /* Group name, part of every store key (NULL: "default"). */
-  int64_t timeout_ms;     /* Default deadline of init and of every collective (<= 0: 30 min). */
+  const char* name;       /* Group name, part of every store key: 1 to 127 characters (NULL:
+                             "default"). */
+  int64_t timeout_ms;     /* Default deadline of init and of every collective (<= 0: 30 min;
+                             longer than ~29 years: ~29 years, i.e. forever). */
   const char* peer_hint;  /* A host all ranks can reach (e.g. MASTER_ADDR); picks the interface
                              whose route leads there when MCCL_SOCKET_IFNAME is unset. NULL: none. */
 } mcclCommConfig_t;
 
-/* Initialise `*config` with defaults (size set, timeout 30 min, name "default"). */
+/* Initialise `*config` with defaults (size set, timeout 30 min, name "default"). NULL: a no-op
+ * that leaves a message for mcclGetLastError(NULL). */
 MCCL_API void mcclCommConfigInit(mcclCommConfig_t* config);
 
 /* Create a communicator. Collective over all `nranks` ranks: each must call it with the same
@@ -183,6 +188,7 @@ MCCL_API const char* mcclGetLastError(mcclComm_t comm);
 /* A static name for a result code. */
 MCCL_API const char* mcclGetErrorString(mcclResult_t result);
 
+/* Bytes per element; 0 for a value outside mcclDataType_t. */
 MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype);
 
 /* ---------------------------------------------------------------------------------------------

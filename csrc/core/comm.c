@@ -24,11 +24,18 @@
 #include "transport/socket.h"
 
 void mcclCommConfigInit(mcclCommConfig_t* config) {
+  if (config == NULL) {
+    mcclSetThreadError("mcclCommConfigInit: config is NULL");
+    return;
+  }
   memset(config, 0, sizeof(*config));
   config->size = sizeof(*config);
   config->name = "default";
   config->timeout_ms = 30 * 60 * 1000;
 }
+
+/* The longest timeout kept as given: request deadlines are start + timeout in nanoseconds. */
+#define MCCL_MAX_TIMEOUT_MS (INT64_MAX / 1000000 / 10)
 
 static uint64_t fnv1a(const char* s) {
   uint64_t h = 1469598103934665603ULL;
@@ -95,24 +102,38 @@ static void commFree(struct mcclComm* comm) {
   mcclCommRelease(comm);
 }
 
+/* A NULL argument of a communicator call: the thread's last error names it. */
+static mcclResult_t nullArgument(const char* fn, const char* arg) {
+  mcclSetThreadError("%s: %s is NULL", fn, arg);
+  return mcclInvalidArgument;
+}
+
 MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t* cfg) {
-  if (out == NULL || cfg == NULL) {
-    mcclSetThreadError("mcclCommInitConfig: comm and config must not be NULL");
-    return mcclInvalidArgument;
-  }
+  if (out == NULL || cfg == NULL) return nullArgument("mcclCommInitConfig", out == NULL ? "comm" : "config");
   *out = NULL;
   if (cfg->size != sizeof(mcclCommConfig_t)) {
     mcclSetThreadError("mcclCommInitConfig: config.size is %zu, expected %zu (call mcclCommConfigInit)",
                        cfg->size, sizeof(mcclCommConfig_t));
     return mcclInvalidArgument;
   }
-  if (cfg->nranks < 1 || cfg->nranks > 65535 || cfg->rank < 0 || cfg->rank >= cfg->nranks) {
-    mcclSetThreadError("mcclCommInitConfig: rank %d of world size %d is out of range", cfg->rank,
-                       cfg->nranks);
+  if (cfg->nranks < 1 || cfg->nranks > 65535) { /* the handshake carries it as a u16 */
+    mcclSetThreadError("mcclCommInitConfig: config.nranks %d is outside 1..65535", cfg->nranks);
+    return mcclInvalidArgument;
+  }
+  if (cfg->rank < 0 || cfg->rank >= cfg->nranks) {
+    mcclSetThreadError("mcclCommInitConfig: config.rank %d is outside 0..%d (world size %d)", cfg->rank,
+                       cfg->nranks - 1, cfg->nranks);
     return mcclInvalidArgument;
   }
   if (cfg->store.set == NULL || cfg->store.get == NULL || cfg->store.add == NULL) {
-    mcclSetThreadError("mcclCommInitConfig: the store needs set, get and add callbacks");
+    mcclSetThreadError("mcclCommInitConfig: config.store needs set, get and add callbacks (%s is NULL)",
+                       cfg->store.set == NULL ? "set" : cfg->store.get == NULL ? "get" : "add");
+    return mcclInvalidArgument;
+  }
+  /* The name is part of every store key: cutting it short could make two groups share keys. */
+  if (cfg->name != NULL && (cfg->name[0] == '\0' || strlen(cfg->name) >= sizeof(((struct mcclComm*)0)->name))) {
+    mcclSetThreadError("mcclCommInitConfig: config.name must be 1 to %zu characters (NULL: \"default\")",
+                       sizeof(((struct mcclComm*)0)->name) - 1);
     return mcclInvalidArgument;
   }
   struct mcclComm* comm = calloc(1, sizeof(*comm));
@@ -124,6 +145,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->nranks = cfg->nranks;
   snprintf(comm->name, sizeof(comm->name), "%s", cfg->name ? cfg->name : "default");
   comm->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000;
+  if (comm->timeout_ms > MCCL_MAX_TIMEOUT_MS) comm->timeout_ms = MCCL_MAX_TIMEOUT_MS; /* "forever" */
   comm->tp.wake[0] = comm->tp.wake[1] = -1;
   pthread_mutex_init(&comm->qlock, NULL);
   pthread_cond_init(&comm->qcond, NULL);
@@ -132,7 +154,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   atomic_init(&comm->refs, 1);
 
   const mcclStore_t* store = &cfg->store;
-  const int64_t deadline = mcclNowNs() + comm->timeout_ms * 1000000LL;
+  const int64_t deadline = mcclDeadlineNs(comm->timeout_ms);
   mcclResult_t res = mcclSuccess;
   int listen_fd = -1;
   char (*addrs)[MCCL_ADDR_STRLEN] = calloc((size_t)comm->nranks, MCCL_ADDR_STRLEN);
@@ -250,7 +272,7 @@ static void stopEngine(struct mcclComm* comm) {
 }
 
 MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
-  if (comm == NULL) return mcclInvalidArgument;
+  if (comm == NULL) return nullArgument("mcclCommDestroy", "comm");
   stopEngine(comm);
   char peers[256];
   mcclResult_t failed = mcclSuccess;
@@ -264,7 +286,7 @@ MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
 }
 
 MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
-  if (comm == NULL) return mcclInvalidArgument;
+  if (comm == NULL) return nullArgument("mcclCommAbort", "comm");
   atomic_store(&comm->aborted, 1);
   mcclCommSetError(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
   mcclTransportWake(&comm->tp);
@@ -276,19 +298,20 @@ MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
 }
 
 MCCL_API mcclResult_t mcclCommRank(mcclComm_t comm, int* rank) {
-  if (comm == NULL || rank == NULL) return mcclInvalidArgument;
+  if (comm == NULL || rank == NULL) return nullArgument("mcclCommRank", comm == NULL ? "comm" : "rank");
   *rank = comm->rank;
   return mcclSuccess;
 }
 
 MCCL_API mcclResult_t mcclCommCount(mcclComm_t comm, int* nranks) {
-  if (comm == NULL || nranks == NULL) return mcclInvalidArgument;
+  if (comm == NULL || nranks == NULL) return nullArgument("mcclCommCount", comm == NULL ? "comm" : "nranks");
   *nranks = comm->nranks;
   return mcclSuccess;
 }
 
 MCCL_API mcclResult_t mcclCommGetAsyncError(mcclComm_t comm, mcclResult_t* error) {
-  if (comm == NULL || error == NULL) return mcclInvalidArgument;
+  if (comm == NULL || error == NULL)
+    return nullArgument("mcclCommGetAsyncError", comm == NULL ? "comm" : "error");
   pthread_mutex_lock(&comm->errlock);
   *error = comm->async_error;
   pthread_mutex_unlock(&comm->errlock);

@@ -96,3 +96,10 @@ int64_t mcclNowNs(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
+
+int64_t mcclDeadlineNs(int64_t timeout_ms) {
+  const int64_t max_ms = INT64_MAX / 1000000 / 10; /* ~29 years: room for any uptime */
+  if (timeout_ms < 0) timeout_ms = 0;
+  if (timeout_ms > max_ms) timeout_ms = max_ms;
+  return mcclNowNs() + timeout_ms * 1000000LL;
+}

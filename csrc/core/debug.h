@@ -70,4 +70,8 @@ const char* mcclThreadError(void);
 /* Monotonic clock in nanoseconds. */
 int64_t mcclNowNs(void);
 
+/* mcclNowNs() + timeout_ms, without overflow: timeouts beyond about 29 years (which callers use
+ * for "forever") are clamped to that, negative ones count as 0. */
+int64_t mcclDeadlineNs(int64_t timeout_ms);
+
 #endif

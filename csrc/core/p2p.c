@@ -25,7 +25,8 @@ typedef struct mcclParked {
   int peer, tag;
   mcclDataType_t dtype;
   size_t count, bytes, landed;
-  char* buf;
+  char* buf;                 /* grows as frames land, up to `bytes` (see parkedRoom) */
+  size_t cap;
   struct mcclRequest* claim; /* a receive that matched it before it fully arrived */
   struct mcclParked* next;
 } mcclParked;
@@ -38,6 +39,8 @@ struct mcclP2pState {
   mcclParked* parked;         /* unclaimed messages, in arrival order */
   int* cur_kind;              /* [nranks]: the message now arriving from each peer */
   void** cur;
+  mcclFrame* cur_frame;       /* [nranks]: its first frame (tag, seq, count, dtype) */
+  uint64_t* cur_next;         /* [nranks]: the byte offset its next frame must start at */
   uint64_t* send_seq;         /* [nranks]: messages sent to each peer (frame seq, for logs) */
   int* posted_from;           /* [nranks]: unmatched receives naming each peer */
   int posted_any;             /* unmatched MCCL_ANY_SOURCE receives */
@@ -100,6 +103,21 @@ static void freeParked(struct mcclP2pState* st, mcclParked* m) {
     }
   free(m->buf);
   free(m);
+}
+
+/* Make room for the first `end` bytes of a parked message. The buffer grows with the bytes that
+ * actually arrive (doubling, capped at the message's size), not with the size a header claims: a
+ * peer can make this rank hold at most about twice as much memory as it sent. */
+static int parkedRoom(mcclParked* m, size_t end) {
+  if (end <= m->cap) return 0;
+  size_t want = m->cap * 2 > end ? m->cap * 2 : end;
+  if (want < 4096) want = 4096;
+  if (want > m->bytes) want = m->bytes;
+  char* p = realloc(m->buf, want);
+  if (p == NULL) return -1;
+  m->buf = p;
+  m->cap = want;
+  return 0;
 }
 
 /* A receive is posted: take the oldest parked message it matches, or wait in the posted list. */
@@ -172,7 +190,7 @@ static void p2pRound(void* ctx) {
     struct mcclRequest* req = fresh;
     fresh = fresh->next;
     req->next = NULL;
-    req->deadline_ns = mcclNowNs() + req->timeout_ms * 1000000LL;
+    req->deadline_ns = mcclDeadlineNs(req->timeout_ms);
     if (req->op.coll == MCCL_COLL_SEND) postSend(comm, req);
     else postRecv(comm, req);
   }
@@ -203,12 +221,44 @@ static void p2pRound(void* ctx) {
   }
 }
 
-static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
+/* A P2P header arrived (the transport checked that its payload lies inside its message), or the
+ * room given for a frame's payload is used up (`done` > 0: say where its next bytes go). The
+ * first frame of a message (offset 0, no message in progress from `peer`) is matched or parked;
+ * every later frame must continue that message: same tag, sequence, count and dtype, starting
+ * where the previous frame ended. Anything else is a protocol error, since a frame that claimed
+ * another message's size could otherwise write past the buffer chosen for this one. */
+static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char** dst, size_t* room,
+                     char* why, size_t cap) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   mcclDataType_t dt = (mcclDataType_t)f->dtype;
   size_t esz = mcclDataTypeSize(dt);
-  if (f->offset == 0) {
+  *dst = NULL;
+  *room = f->length - done;
+  if (done > 0) {
+    /* More room for the frame in progress: only a parked message's buffer runs out. */
+  } else if (st->cur_kind[peer] != CUR_NONE) {
+    const mcclFrame* first = &st->cur_frame[peer];
+    if (f->root != first->root || f->seq != first->seq || f->count != first->count ||
+        f->dtype != first->dtype || f->offset != st->cur_next[peer]) {
+      snprintf(why, cap,
+               "a send/recv frame (tag %u, message #%llu, %llu %s elements, bytes %llu+%u) that does "
+               "not continue the message in progress (tag %u, message #%llu, %llu %s elements, next "
+               "byte %llu)",
+               f->root, (unsigned long long)f->seq, (unsigned long long)f->count, mcclDtypeName(f->dtype),
+               (unsigned long long)f->offset, f->length, first->root, (unsigned long long)first->seq,
+               (unsigned long long)first->count, mcclDtypeName(first->dtype),
+               (unsigned long long)st->cur_next[peer]);
+      return -1;
+    }
+  } else {
+    if (f->offset != 0) {
+      snprintf(why, cap, "a send/recv frame at byte %llu of a message (tag %u, #%llu) that never started",
+               (unsigned long long)f->offset, f->root, (unsigned long long)f->seq);
+      return -1;
+    }
+    st->cur_frame[peer] = *f;
+    st->cur_next[peer] = 0;
     int tag = (int)f->root;
     struct mcclRequest* req = st->recvs;
     while (req != NULL && !(req->tag == tag && (req->peer == MCCL_ANY_SOURCE || req->peer == peer))) req = req->next;
@@ -226,7 +276,7 @@ static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
     } else {
       mcclParked* m = calloc(1, sizeof(*m));
       size_t bytes = (size_t)f->count * esz;
-      if (m != NULL && (bytes == 0 || (m->buf = malloc(bytes)) != NULL)) {
+      if (m != NULL) {
         m->peer = peer;
         m->tag = tag;
         m->dtype = dt;
@@ -243,18 +293,39 @@ static char* p2pArrive(void* ctx, int peer, const mcclFrame* f) {
       }
     }
   }
+  if (*room == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
+  size_t at = (size_t)f->offset + done; /* where the next byte goes in the message */
   switch (st->cur_kind[peer]) {
-    case CUR_RECV: return (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + f->offset;
-    case CUR_PARKED: return ((mcclParked*)st->cur[peer])->buf + f->offset;
-    default: return NULL;
+    case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + at; break;
+    case CUR_PARKED: {
+      /* Room for at most the next 64 KiB (parkedRoom then doubles the buffer if that is more):
+       * the buffer stays within about twice the bytes received, whatever the header claims. */
+      mcclParked* m = st->cur[peer];
+      size_t step = *room < 65536 ? *room : 65536;
+      if (parkedRoom(m, at + step) != 0) {
+        WARN("rank %d: out of memory parking %zu bytes of a message from rank %d; it is dropped",
+             comm->rank, at + step, peer);
+        if (m->claim != NULL) finish(m->claim, mcclSystemError, "out of memory parking the message for this recv");
+        m->claim = NULL;
+        freeParked(st, m);
+        st->cur_kind[peer] = CUR_DISCARD;
+        break;
+      }
+      *dst = m->buf + at;
+      if (*room > m->cap - at) *room = m->cap - at;
+      break;
+    }
+    default: break;
   }
+  return 0;
 }
 
 static void p2pLanded(void* ctx, int peer, const mcclFrame* f) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   size_t total = (size_t)f->count * mcclDataTypeSize((mcclDataType_t)f->dtype);
-  int last = f->offset + f->length >= total;
+  st->cur_next[peer] += f->length;
+  int last = st->cur_next[peer] >= total;
   if (st->cur_kind[peer] == CUR_RECV && last) {
     struct mcclRequest* req = st->cur[peer];
     listRemove(&st->active, req);
@@ -283,8 +354,11 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm) {
   st->cur = calloc(n, sizeof(void*));
   st->send_seq = calloc(n, sizeof(uint64_t));
   st->posted_from = calloc(n, sizeof(int));
+  st->cur_frame = calloc(n, sizeof(mcclFrame));
+  st->cur_next = calloc(n, sizeof(uint64_t));
   comm->p2p = st;
-  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from) return mcclSystemError;
+  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from || !st->cur_frame || !st->cur_next)
+    return mcclSystemError;
   comm->tp.p2p = (mcclP2pHooks){comm, p2pArrive, p2pLanded, p2pWanted, p2pRound};
   return mcclSuccess;
 }
@@ -326,6 +400,8 @@ void mcclP2pFree(struct mcclComm* comm) {
   free(st->cur);
   free(st->send_seq);
   free(st->posted_from);
+  free(st->cur_frame);
+  free(st->cur_next);
   free(st);
   comm->p2p = NULL;
 }

@@ -7,6 +7,8 @@
  * Reply:    SET: u8 1 | GET: val_len u32 | value (sent once the key exists) | ADD: i64 new value
  *           | WAIT: u8 1 (once the key exists)
  * Integers little-endian. A GET or WAIT for a missing key is parked until a SET or ADD creates it.
+ * A request with an unknown op, a key of 0 or more than 4096 bytes or one holding a NUL byte, or a
+ * value over 64 MiB ends the client's connection.
  */
 #include <errno.h>
 #include <poll.h>
@@ -66,13 +68,18 @@ static kvEntry* kvPut(mcclTcpStoreServer_t* s, const char* key, const uint8_t* v
       s->kv = kv;
       s->kv_cap = cap;
     }
+    char* k = strdup(key);
+    if (k == NULL) return NULL;
     e = &s->kv[s->nkv++];
-    e->key = strdup(key);
+    e->key = k;
     e->val = NULL;
+    e->len = 0;
   }
+  uint8_t* v = malloc(len ? len : 1);
+  if (v == NULL) return NULL; /* the old value stays; the client is dropped */
+  memcpy(v, val, len);
   free(e->val);
-  e->val = malloc(len ? len : 1);
-  memcpy(e->val, val, len);
+  e->val = v;
   e->len = len;
   return e;
 }
@@ -139,6 +146,8 @@ static int serveClient(mcclTcpStoreServer_t* s, storeClient* c) {
       need += 8;
     }
     if (avail < need) break;
+    /* Keys are C strings everywhere else: "a\0b" would silently be the key "a". */
+    if (memchr(p + 5, '\0', klen) != NULL) return -1;
     char key[MAX_KEY + 1];
     memcpy(key, p + 5, klen);
     key[klen] = '\0';
@@ -148,12 +157,13 @@ static int serveClient(mcclTcpStoreServer_t* s, storeClient* c) {
       if (e == NULL || writeAll(c->fd, &one, 1) != 0) return -1;
       wakeParked(s, e);
     } else if (op == OP_ADD) {
-      int64_t delta = (int64_t)mcclGet64(p + 5 + klen);
+      /* Two's complement wrap-around, in unsigned arithmetic: a signed overflow would be
+       * undefined behaviour, and the counter's bytes come from clients. */
+      uint64_t v = mcclGet64(p + 5 + klen);
       kvEntry* e = kvFind(s, key);
-      int64_t v = delta;
-      if (e != NULL && e->len == 8) v += (int64_t)mcclGet64(e->val);
+      if (e != NULL && e->len == 8) v += mcclGet64(e->val);
       uint8_t enc[8];
-      mcclPut64(enc, (uint64_t)v);
+      mcclPut64(enc, v);
       e = kvPut(s, key, enc, 8);
       if (e == NULL || writeAll(c->fd, enc, 8) != 0) return -1;
       wakeParked(s, e);
@@ -177,9 +187,17 @@ MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_o
                                          mcclTcpStoreServer_t** server) {
   mcclSockaddr addr;
   char text[MCCL_ADDR_STRLEN];
+  if (port_out == NULL || server == NULL) {
+    mcclSetThreadError("mcclTcpStoreListen: %s is NULL", port_out == NULL ? "port_out" : "server");
+    return mcclInvalidArgument;
+  }
+  if (port < 0 || port > 65535) {
+    mcclSetThreadError("mcclTcpStoreListen: port %d is outside 0..65535 (0: an ephemeral port)", port);
+    return mcclInvalidArgument;
+  }
   snprintf(text, sizeof(text), "%s:%d", host ? host : "0.0.0.0", port > 0 ? port : 1);
   if (mcclSockaddrParse(text, &addr) != 0) {
-    mcclSetThreadError("mcclTcpStoreListen: '%s' is not a numeric address", host);
+    mcclSetThreadError("mcclTcpStoreListen: host '%s' is not a numeric IPv4 or [IPv6] address", host);
     return mcclInvalidArgument;
   }
   if (port <= 0) addr.sin.sin_port = 0; /* same offset for sin6_port */
@@ -198,6 +216,15 @@ MCCL_API mcclResult_t mcclTcpStoreListen(const char* host, int port, int* port_o
 }
 
 MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* s, int expected_clients) {
+  if (s == NULL) {
+    mcclSetThreadError("mcclTcpStoreServe: server is NULL");
+    return mcclInvalidArgument;
+  }
+  if (expected_clients < 0) {
+    mcclSetThreadError("mcclTcpStoreServe: expected_clients %d is negative (0: serve until stopped)",
+                       expected_clients);
+    return mcclInvalidArgument;
+  }
   int seen = 0;
   for (;;) {
     if (expected_clients > 0 && seen >= expected_clients && s->nclients == 0) return mcclSuccess;
@@ -259,6 +286,7 @@ MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* s, int expected_cl
 }
 
 MCCL_API void mcclTcpStoreStop(mcclTcpStoreServer_t* s) {
+  if (s == NULL) return; /* nothing to stop (void: no result to report) */
   char b = 1;
   ssize_t ignored = write(s->stop_pipe[1], &b, 1);
   (void)ignored;
@@ -293,7 +321,7 @@ typedef struct {
 
 static mcclResult_t readFull(storeConn* sc, void* buf, size_t len, int64_t timeout_ms) {
   char* p = buf;
-  int64_t deadline = mcclNowNs() + timeout_ms * 1000000LL;
+  int64_t deadline = mcclDeadlineNs(timeout_ms);
   while (len > 0) {
     int64_t left = (deadline - mcclNowNs()) / 1000000LL;
     if (left <= 0) { sc->broken = 1; return mcclTimeout; }
@@ -379,12 +407,24 @@ static mcclResult_t clientAdd(void* ctx, const char* key, int64_t delta, int64_t
 MCCL_API mcclResult_t mcclTcpStoreConnect(const char* host, int port, int64_t timeout_ms, mcclStore_t* store) {
   mcclSockaddr addr;
   char text[MCCL_ADDR_STRLEN];
-  snprintf(text, sizeof(text), "%s:%d", host, port);
-  if (mcclSockaddrParse(text, &addr) != 0) {
-    mcclSetThreadError("mcclTcpStoreConnect: '%s' is not a numeric host:port", text);
+  if (host == NULL || store == NULL) {
+    mcclSetThreadError("mcclTcpStoreConnect: %s is NULL", host == NULL ? "host" : "store");
     return mcclInvalidArgument;
   }
-  int64_t deadline = mcclNowNs() + timeout_ms * 1000000LL;
+  if (port < 1 || port > 65535) {
+    mcclSetThreadError("mcclTcpStoreConnect: port %d is outside 1..65535", port);
+    return mcclInvalidArgument;
+  }
+  if (timeout_ms < 0) {
+    mcclSetThreadError("mcclTcpStoreConnect: timeout_ms %lld is negative", (long long)timeout_ms);
+    return mcclInvalidArgument;
+  }
+  snprintf(text, sizeof(text), "%s:%d", host, port);
+  if (mcclSockaddrParse(text, &addr) != 0) {
+    mcclSetThreadError("mcclTcpStoreConnect: host '%s' is not a numeric IPv4 or [IPv6] address", host);
+    return mcclInvalidArgument;
+  }
+  int64_t deadline = mcclDeadlineNs(timeout_ms);
   for (;;) {
     int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return mcclSystemError;

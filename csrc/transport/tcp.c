@@ -16,41 +16,6 @@
 #define MSG_NOSIGNAL 0 /* macOS: SO_NOSIGPIPE is set on the socket instead */
 #endif
 
-const char* mcclCollName(int coll) {
-  switch (coll) {
-    case MCCL_COLL_ALLREDUCE: return "allreduce";
-    case MCCL_COLL_BROADCAST: return "broadcast";
-    case MCCL_COLL_ALLGATHER: return "allgather";
-    case MCCL_COLL_BARRIER: return "barrier";
-    case MCCL_COLL_REDUCE: return "reduce";
-    case MCCL_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case MCCL_COLL_GATHER: return "gather";
-    case MCCL_COLL_SCATTER: return "scatter";
-    case MCCL_COLL_ALLTOALL: return "alltoall";
-    case MCCL_COLL_SEND: return "send";
-    case MCCL_COLL_RECV: return "recv";
-    default: return "unknown-collective";
-  }
-}
-
-const char* mcclDtypeName(int dtype) {
-  static const char* names[] = {"int8", "uint8", "int32", "int64", "float16",
-                                "float32", "float64", "bfloat16", "bool"};
-  return dtype >= 0 && dtype < (int)(sizeof(names) / sizeof(names[0])) ? names[dtype] : "unknown-dtype";
-}
-
-const char* mcclOpName(int op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "band", "bor", "bxor", "premul_sum"};
-  return op >= 0 && op < (int)(sizeof(names) / sizeof(names[0])) ? names[op] : "unknown-op";
-}
-
-void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap) {
-  snprintf(out, cap, "%s #%llu (count %llu %s, op %s, root %u; step %u, bytes %llu+%u)",
-           mcclCollName(f->coll), (unsigned long long)f->seq, (unsigned long long)f->count,
-           mcclDtypeName(f->dtype), mcclOpName(f->op), f->root, f->step,
-           (unsigned long long)f->offset, f->length);
-}
-
 /* ---- connection setup ------------------------------------------------------------------- */
 
 enum { PEND_CONNECTING, PEND_SEND, PEND_RECV };
@@ -67,49 +32,27 @@ typedef struct {
 
 #define MAX_PENDING_INCOMING 256
 
-static int tokenEqual(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0; /* constant time: do not leak how much of a guessed token matched */
-  for (int i = 0; i < MCCL_TOKEN_BYTES; i++) diff |= (uint8_t)(a[i] ^ b[i]);
-  return diff == 0;
+/* The handshake's expectations of this rank (wire.c checks them). */
+static int connectedRank(const void* ctx, int rank) {
+  const mcclTransport* t = ctx;
+  return t->conns[rank].fd >= 0;
 }
 
-/* Check a received hello/ack; returns NULL when acceptable, else the reason to reject. */
-static const char* helloCheck(const mcclTransport* t, const mcclTransportAuth* auth,
-                              const uint8_t* buf, int expect_kind, int expect_rank, char* why,
-                              size_t cap) {
-  mcclHello h;
-  if (mcclHelloDecode(buf, &h) != 0) return "bad magic (not an MCCL peer)";
-  if (h.version != MCCL_PROTOCOL_VERSION) {
-    snprintf(why, cap, "protocol version %u, expected %u", h.version, MCCL_PROTOCOL_VERSION);
-    return why;
-  }
-  if (h.kind != expect_kind) return "unexpected handshake message kind";
-  if (!tokenEqual(h.token, auth->token)) return "wrong job token (another job, or a stranger)";
-  if (h.generation != auth->generation || h.comm_hash != auth->comm_hash) {
-    snprintf(why, cap, "communicator %016llx generation %llu, expected %016llx generation %llu",
-             (unsigned long long)h.comm_hash, (unsigned long long)h.generation,
-             (unsigned long long)auth->comm_hash, (unsigned long long)auth->generation);
-    return why;
-  }
-  if (h.nranks != t->nranks) {
-    snprintf(why, cap, "world size %u, expected %d", h.nranks, t->nranks);
-    return why;
-  }
-  if (expect_kind == MCCL_HELLO_KIND_HELLO) {
-    if (h.target != t->rank) return "dialled another rank";
-    if ((int)h.rank <= t->rank || (int)h.rank >= t->nranks) {
-      snprintf(why, cap, "claims rank %u, which must not dial rank %d", h.rank, t->rank);
-      return why;
-    }
-    if (t->conns[h.rank].fd >= 0) {
-      snprintf(why, cap, "duplicate connection for rank %u", h.rank);
-      return why;
-    }
-  } else if ((int)h.rank != expect_rank || h.target != t->rank) {
-    snprintf(why, cap, "answered as rank %u, expected rank %d", h.rank, expect_rank);
-    return why;
-  }
-  return NULL;
+static mcclWireStatus helloCheck(const mcclTransport* t, const mcclTransportAuth* auth,
+                                 const uint8_t* buf, int expect_kind, int expect_rank,
+                                 mcclHello* h, char* why, size_t cap) {
+  mcclHelloExpect e;
+  memset(&e, 0, sizeof(e));
+  memcpy(e.token, auth->token, MCCL_TOKEN_BYTES);
+  e.generation = auth->generation;
+  e.comm_hash = auth->comm_hash;
+  e.rank = t->rank;
+  e.nranks = t->nranks;
+  e.kind = expect_kind;
+  e.peer = expect_rank;
+  e.connected = connectedRank;
+  e.ctx = t;
+  return mcclHelloCheck(buf, &e, h, why, cap);
 }
 
 static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int kind, int target,
@@ -146,9 +89,8 @@ static void pendingClose(mcclPending* p) {
   p->fd = -1;
 }
 
-mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
-                               char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
-                               int64_t deadline_ns) {
+/* The memory and the wake pipe of a transport with no connections yet. */
+static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
   memset(t, 0, sizeof(*t));
   t->rank = rank;
   t->nranks = nranks;
@@ -156,34 +98,63 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
   t->conns = calloc((size_t)nranks, sizeof(mcclConn));
   t->pfds = calloc((size_t)nranks + 1, sizeof(struct pollfd));
   t->pfd_peer = calloc((size_t)nranks + 1, sizeof(int));
-  int npend_cap = nranks + MAX_PENDING_INCOMING;
-  mcclPending* pend = calloc((size_t)npend_cap, sizeof(mcclPending));
-  struct pollfd* pfds = calloc((size_t)npend_cap + 1, sizeof(struct pollfd));
-  int64_t* retry_at = calloc((size_t)nranks, sizeof(int64_t));
-  char (*last_why)[160] = calloc((size_t)nranks, sizeof(*last_why));
-  mcclResult_t res = mcclSuccess;
-  if (!t->conns || !t->pfds || !t->pfd_peer || !pend || !pfds || !retry_at || !last_why) {
+  if (!t->conns || !t->pfds || !t->pfd_peer) {
     snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
-    res = mcclSystemError;
-    goto done;
+    return mcclSystemError;
   }
-  for (int r = 0; r < nranks; r++) {
-    t->conns[r].fd = -1;
-    snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "%s", peer_addrs[r]);
-  }
-  snprintf(t->self_addr, sizeof(t->self_addr), "%s", peer_addrs[rank]);
+  for (int r = 0; r < nranks; r++) t->conns[r].fd = -1;
   if (pipe(t->wake) != 0) {
     snprintf(t->error, sizeof(t->error), "pipe() failed: %s", strerror(errno));
-    res = mcclSystemError;
-    goto done;
+    return mcclSystemError;
   }
   fcntl(t->wake[0], F_SETFL, O_NONBLOCK);
   fcntl(t->wake[1], F_SETFL, O_NONBLOCK);
   fcntl(t->wake[0], F_SETFD, FD_CLOEXEC);
   fcntl(t->wake[1], F_SETFD, FD_CLOEXEC);
+  return mcclSuccess;
+}
+
+mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const int* fds) {
+  mcclResult_t res = transportAlloc(t, rank, nranks);
+  if (res != mcclSuccess) return res;
+  for (int r = 0; r < nranks; r++) {
+    snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "fd %d", fds[r]);
+    if (r == rank || fds[r] < 0) continue;
+    if (mcclSocketTune(fds[r]) != 0) {
+      int flags = fcntl(fds[r], F_GETFL, 0); /* not TCP (a socketpair): non-blocking is enough */
+      if (flags < 0 || fcntl(fds[r], F_SETFL, flags | O_NONBLOCK) != 0) {
+        snprintf(t->error, sizeof(t->error), "fd %d: %s", fds[r], strerror(errno));
+        return mcclSystemError;
+      }
+    }
+    t->conns[r].fd = fds[r];
+  }
+  snprintf(t->self_addr, sizeof(t->self_addr), "self");
+  return mcclSuccess;
+}
+
+mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
+                               char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
+                               int64_t deadline_ns) {
+  int npend_cap = nranks + MAX_PENDING_INCOMING;
+  mcclPending* pend = calloc((size_t)npend_cap, sizeof(mcclPending));
+  struct pollfd* pfds = calloc((size_t)npend_cap + 1, sizeof(struct pollfd));
+  int64_t* retry_at = calloc((size_t)nranks, sizeof(int64_t));
+  char (*last_why)[160] = calloc((size_t)nranks, sizeof(*last_why));
+  if (pend != NULL) /* before any failure can reach `done`, which closes every slot's fd */
+    for (int r = 0; r < npend_cap; r++) pend[r].fd = -1;
+  mcclResult_t res = transportAlloc(t, rank, nranks);
+  if (res != mcclSuccess) goto done;
+  if (!pend || !pfds || !retry_at || !last_why) {
+    snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
+    res = mcclSystemError;
+    goto done;
+  }
+  for (int r = 0; r < nranks; r++)
+    snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "%s", peer_addrs[r]);
+  snprintf(t->self_addr, sizeof(t->self_addr), "%s", peer_addrs[rank]);
 
   /* Outgoing: one pending slot per lower rank (slot index == rank). */
-  for (int r = 0; r < npend_cap; r++) pend[r].fd = -1;
   int remaining = nranks - 1;
   for (int r = 0; r < rank; r++) {
     pend[r].peer = r;
@@ -302,16 +273,16 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
         if (r <= 0) {
           reject = r == 0 ? "closed before finishing the handshake" : strerror(errno);
         } else if ((p->done += (size_t)r) == MCCL_HELLO_BYTES) {
-          reject = helloCheck(t, auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO,
-                              p->peer, why, sizeof(why));
+          mcclHello h;
+          if (helloCheck(t, auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO,
+                         p->peer, &h, why, sizeof(why)) != MCCL_WIRE_OK)
+            reject = why;
           if (reject == NULL && p->outgoing) {
             t->conns[p->peer].fd = p->fd;
             p->fd = -1;
             remaining--;
             INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", rank, p->peer, p->addr);
           } else if (reject == NULL) {
-            mcclHello h;
-            mcclHelloDecode(p->buf, &h);
             p->peer = (int)h.rank;
             helloMake(t, auth, MCCL_HELLO_KIND_ACK, p->peer, p->buf);
             p->state = PEND_SEND;
@@ -430,19 +401,14 @@ static mcclResult_t connSend(mcclTransport* t, int peer) {
   return mcclSuccess;
 }
 
-/* Compare an arrived header with the one posted; mcclMismatch with both described if they differ. */
+/* Compare an arrived header with the one posted (wire.c); mcclMismatch with both described. */
 static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got, const mcclFrame* want) {
-  if (got->coll == want->coll && got->dtype == want->dtype && got->op == want->op &&
-      got->seq == want->seq && got->count == want->count && got->offset == want->offset &&
-      got->length == want->length && got->step == want->step && got->root == want->root)
-    return mcclSuccess;
-  char a[200], b[200];
-  mcclFrameDescribe(got, a, sizeof(a));
-  mcclFrameDescribe(want, b, sizeof(b));
+  char why[600];
+  if (mcclFrameMatch(got, want, why, sizeof(why)) == MCCL_WIRE_OK) return mcclSuccess;
   snprintf(t->error, sizeof(t->error),
-           "collective mismatch: rank %d (%s) sent %s, but rank %d expected %s; every rank must "
-           "issue the same collectives with the same sizes, dtypes, ops and roots in the same order",
-           peer, t->conns[peer].addr, a, t->rank, b);
+           "collective mismatch at rank %d: rank %d (%s) %s; every rank must issue the same "
+           "collectives with the same sizes, dtypes, ops and roots in the same order",
+           t->rank, peer, t->conns[peer].addr, why);
   return mcclMismatch;
 }
 
@@ -450,84 +416,105 @@ static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got,
  * receive claims yet stops reading until one is posted (TCP then holds the sender back). */
 static int wantRead(const mcclTransport* t, int peer) {
   const mcclConn* c = &t->conns[peer];
-  if (c->rq_head != NULL || c->rx_mode == MCCL_RX_P2P || c->rx_mode == MCCL_RX_COLL) return 1;
+  if (c->rq_head != NULL || c->rx_mode == MCCL_RX_P2P || c->rx_mode == MCCL_RX_COLL ||
+      c->rx_mode == MCCL_RX_ABORT)
+    return 1;
   if (c->rx_mode == MCCL_RX_PEEKED) return 0;
   return t->p2p.wanted != NULL && t->p2p.wanted(t->p2p.ctx, peer);
 }
 
-/* Read and fail with a peer's ABORT reason (bounded in size and time). */
-static mcclResult_t readAbort(mcclTransport* t, int peer, const mcclFrame* got) {
+/* A peer's ABORT frame was read, its reason as far as it arrived before the peer closed: fail
+ * with it. */
+static mcclResult_t abortArrived(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
-  char reason[MCCL_MAX_ABORT_REASON + 1];
-  size_t want = got->length < MCCL_MAX_ABORT_REASON ? got->length : MCCL_MAX_ABORT_REASON;
-  size_t have = 0;
-  int64_t until = mcclNowNs() + 1000000000LL;
-  while (have < want && mcclNowNs() < until) {
-    ssize_t m = recv(c->fd, reason + have, want - have, MSG_DONTWAIT);
-    if (m > 0) have += (size_t)m;
-    else if (m == 0 || (errno != EAGAIN && errno != EINTR)) break;
-    else {
-      struct pollfd pf = {c->fd, POLLIN, 0};
-      poll(&pf, 1, 10);
-    }
-  }
-  reason[have] = '\0';
+  size_t have = (size_t)(c->rx_dst - c->abort_reason);
+  c->abort_reason[have] = '\0';
+  c->rx_mode = MCCL_RX_HEADER;
+  c->rx_dst = NULL;
+  c->rx_left = 0;
   c->dead = 1;
-  snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", reason);
-  snprintf(t->error, sizeof(t->error), "rank %d (%s) failed: %s", peer, c->addr, reason);
+  snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", c->abort_reason);
+  snprintf(t->error, sizeof(t->error), "rank %d (%s) failed: %s", peer, c->addr, c->abort_reason);
   return mcclRemoteError;
 }
 
+/* Ask the owner of the P2P frame being read where its next bytes go (see mcclP2pHooks.arrive). */
+static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  char why[300] = "";
+  char* dst = NULL;
+  size_t room = 0, done = c->rx_frame.length - c->rx_left;
+  if (t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, done, &dst, &room, why, sizeof(why)) != 0) {
+    snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
+    return mcclProtocolError;
+  }
+  if (room > c->rx_left || (room == 0 && c->rx_left > 0)) {
+    snprintf(t->error, sizeof(t->error), "internal: room for %zu bytes of a frame with %zu left", room, c->rx_left);
+    return mcclInternalError;
+  }
+  c->rx_dst = dst;
+  c->rx_room = room;
+  return mcclSuccess;
+}
+
 /* Read from `c` while someone wants its bytes and the socket has them. Frames arrive as a header
- * then a payload; a DATA header is checked against the head posted receive and its payload read
- * straight into that receive's buffer; a P2P header asks the owner where the payload goes. */
+ * then a payload. Every header is checked first (mcclFrameHeaderCheck); then a DATA header is
+ * matched against the head posted receive and its payload read straight into that receive's
+ * buffer, a P2P header asks the owner where the payload goes, and an ABORT header's reason is
+ * read (at most MCCL_MAX_ABORT_REASON bytes) before failing with it. No call blocks: a partial
+ * header or payload waits in the connection's state for the next round. */
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   static const mcclFrame unknown = {MCCL_FRAME_DATA, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   char sink[4096];
   while (wantRead(t, peer)) {
     const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : &unknown);
-    ssize_t n;
+    int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
+    ssize_t n = 0;
     if (c->rx_mode == MCCL_RX_HEADER) {
       n = recv(c->fd, c->rhdr + c->rhdr_got, MCCL_FRAME_BYTES - c->rhdr_got, MSG_DONTWAIT);
-    } else if (c->rx_mode == MCCL_RX_PEEKED || c->rx_left == 0) {
-      n = 0; /* no bytes to read: handled below */
-    } else {
-      size_t want = c->rx_dst ? c->rx_left : (c->rx_left < sizeof(sink) ? c->rx_left : sizeof(sink));
+    } else if (reading) {
+      size_t want = c->rx_dst ? c->rx_room : (c->rx_room < sizeof(sink) ? c->rx_room : sizeof(sink));
       n = recv(c->fd, c->rx_dst ? c->rx_dst : sink, want, MSG_DONTWAIT);
     }
-    int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     if (reading) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
+        if (c->rx_mode == MCCL_RX_ABORT) return abortArrived(t, peer);
         return peerLost(t, peer, "receiving", what, errno);
       }
-      if (n == 0) return peerLost(t, peer, "receiving", what, 0);
+      if (n == 0) {
+        if (c->rx_mode == MCCL_RX_ABORT) return abortArrived(t, peer);
+        return peerLost(t, peer, "receiving", what, 0);
+      }
     }
     if (c->rx_mode == MCCL_RX_HEADER) {
       c->rhdr_got += (size_t)n;
       if (c->rhdr_got < MCCL_FRAME_BYTES) continue;
       c->rhdr_got = 0;
-      if (mcclFrameDecode(c->rhdr, &c->rx_frame) != 0) {
-        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame with a bad magic number", peer, c->addr);
+      char why[300];
+      if (mcclFrameHeaderCheck(c->rhdr, t->p2p.arrive != NULL, &c->rx_frame, why, sizeof(why)) != MCCL_WIRE_OK) {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
         return mcclProtocolError;
       }
-      if (c->rx_frame.type == MCCL_FRAME_ABORT) return readAbort(t, peer, &c->rx_frame);
-      if (c->rx_frame.type == MCCL_FRAME_P2P && t->p2p.arrive != NULL) {
+      if (c->rx_frame.type == MCCL_FRAME_ABORT) {
+        c->rx_mode = MCCL_RX_ABORT;
+        c->rx_dst = c->abort_reason;
+        c->rx_left = c->rx_frame.length < MCCL_MAX_ABORT_REASON ? c->rx_frame.length : MCCL_MAX_ABORT_REASON;
+        c->rx_room = c->rx_left;
+      } else if (c->rx_frame.type == MCCL_FRAME_P2P) {
         c->rx_mode = MCCL_RX_P2P;
-        c->rx_dst = t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame);
         c->rx_left = c->rx_frame.length;
-      } else if (c->rx_frame.type == MCCL_FRAME_DATA) {
-        c->rx_mode = MCCL_RX_PEEKED;
+        MCCLCHECK(p2pRoom(t, peer));
       } else {
-        snprintf(t->error, sizeof(t->error), "rank %d (%s) sent a frame of unexpected type %u", peer,
-                 c->addr, c->rx_frame.type);
-        return mcclProtocolError;
+        c->rx_mode = MCCL_RX_PEEKED;
       }
     } else if (reading) {
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
+      c->rx_room -= (size_t)n;
+      if (c->rx_mode == MCCL_RX_P2P && c->rx_room == 0 && c->rx_left > 0) MCCLCHECK(p2pRoom(t, peer));
     }
     if (c->rx_mode == MCCL_RX_PEEKED) {
       if (c->rq_head == NULL) return mcclSuccess; /* wait for the algorithm to post its receive */
@@ -535,6 +522,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       c->rx_mode = MCCL_RX_COLL;
       c->rx_dst = c->rq_head->buf;
       c->rx_left = c->rq_head->bytes;
+      c->rx_room = c->rx_left;
     }
     if (c->rx_left > 0) continue;
     if (c->rx_mode == MCCL_RX_COLL) {
@@ -544,8 +532,11 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       if (c->rq_head == NULL) c->rq_tail = NULL;
     } else if (c->rx_mode == MCCL_RX_P2P) {
       t->p2p.landed(t->p2p.ctx, peer, &c->rx_frame);
+    } else if (c->rx_mode == MCCL_RX_ABORT) {
+      return abortArrived(t, peer);
     }
     c->rx_mode = MCCL_RX_HEADER;
+    c->rx_dst = NULL;
   }
   return mcclSuccess;
 }

@@ -36,7 +36,7 @@ typedef struct mcclXfer {
 } mcclXfer;
 
 /* Receive-side state of a connection: what the bytes arriving next are. */
-enum { MCCL_RX_HEADER = 0, MCCL_RX_COLL, MCCL_RX_P2P, MCCL_RX_PEEKED };
+enum { MCCL_RX_HEADER = 0, MCCL_RX_COLL, MCCL_RX_P2P, MCCL_RX_PEEKED, MCCL_RX_ABORT };
 
 typedef struct mcclConn {
   int fd;                         /* -1 for self and for peers not connected */
@@ -46,12 +46,16 @@ typedef struct mcclConn {
   uint8_t rhdr[MCCL_FRAME_BYTES]; /* the frame header being read */
   size_t rhdr_got;
   int rx_mode;                    /* MCCL_RX_*: reading a header, a collective payload, a
-                                     point-to-point payload, or holding a collective header that
-                                     no posted receive has claimed yet */
+                                     point-to-point payload, holding a collective header that
+                                     no posted receive has claimed yet, or reading the reason of
+                                     an ABORT frame */
   mcclFrame rx_frame;             /* the header of the frame being read */
   char* rx_dst;                   /* where its payload goes (NULL: discarded) */
-  size_t rx_left;
+  size_t rx_left;                 /* payload bytes of the frame still to read */
+  size_t rx_room;                 /* of those, how many may go to rx_dst before the owner of a
+                                     P2P frame is asked where the rest goes */
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
+  char abort_reason[MCCL_MAX_ABORT_REASON + 1]; /* an ABORT frame's reason as it arrives */
   int dead;                       /* 1: the peer or this rank failed, later use is an error;
                                      2: also the peer's end is closed (seen while lingering) */
   char dead_reason[160];
@@ -61,8 +65,15 @@ typedef struct mcclConn {
  * one goes. All callbacks run on the engine thread, inside mcclTransportProgress. */
 typedef struct {
   void* ctx;
-  /* A P2P frame's header arrived from `peer`: where its payload goes (NULL: discard it). */
-  char* (*arrive)(void* ctx, int peer, const mcclFrame* f);
+  /* A P2P frame from `peer` (its header passed mcclFrameHeaderCheck, so its payload lies inside
+   * its message) has `done` of its payload bytes read (0: just the header): set *dst to where the
+   * next bytes go (NULL: discard them) and *room to how many may go there (1 up to the frame's
+   * remaining bytes; 0 when none remain), and return 0. The transport asks again whenever the
+   * room is used up before the frame ends, so an owner can grow a buffer as bytes arrive instead
+   * of trusting the length a header claims. Nonzero: the frame breaks the protocol, `why` says
+   * how, and the transport fails with mcclProtocolError naming the peer. */
+  int (*arrive)(void* ctx, int peer, const mcclFrame* f, size_t done, char** dst, size_t* room,
+                char* why, size_t cap);
   /* That frame's payload has landed. */
   void (*landed)(void* ctx, int peer, const mcclFrame* f);
   /* Nonzero while a receive is posted that frames from `peer` could satisfy. */
@@ -97,6 +108,10 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
                                char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
                                int64_t deadline_ns);
 
+/* For tests and fuzzers: a transport of `nranks` whose connections are already-connected stream
+ * sockets (fds[r] < 0: none; the transport owns and closes the others), without a handshake. */
+mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const int* fds);
+
 void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x);
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
 
@@ -130,10 +145,7 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap);
 /* Close every socket and free the transport's memory. */
 void mcclTransportClose(mcclTransport* t);
 
-/* Human-readable descriptions used in error messages. */
-const char* mcclCollName(int coll);
-const char* mcclDtypeName(int dtype);
-const char* mcclOpName(int op);
-void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap);
+/* mcclCollName, mcclDtypeName, mcclOpName and mcclFrameDescribe (for error messages) are declared
+ * in wire.h. */
 
 #endif

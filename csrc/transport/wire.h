@@ -19,10 +19,17 @@
  *
  * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing.
  * A frame of type P2P belongs to a send/recv message (see the frame types below).
+ *
+ * Everything that judges bytes from a peer lives in wire.c as pure functions (no sockets, no
+ * state beyond their arguments): mcclHelloCheck for the handshake, mcclFrameHeaderCheck for a
+ * frame header as it arrives, mcclFrameMatch for a collective frame against the posted receive.
+ * tcp.c calls them, and tests/fuzz/ feeds them arbitrary bytes, so the fuzzer runs exactly the
+ * checks the library runs.
  */
 #ifndef MCCL_WIRE_H_
 #define MCCL_WIRE_H_
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -144,5 +151,70 @@ static inline int mcclFrameDecode(const uint8_t in[MCCL_FRAME_BYTES], mcclFrame*
   f->root = mcclGet32(in + 40);
   return 0;
 }
+
+/* ---- validation (wire.c) ------------------------------------------------------------------ */
+
+/* What a check found. MCCL_WIRE_OK is 0; every other value rejects the bytes, and `why` says
+ * which field held what (NUL-terminated, truncated to `cap`). */
+typedef enum {
+  MCCL_WIRE_OK = 0,
+  MCCL_WIRE_BAD_MAGIC,     /* not an MCCL peer, or a stream out of step */
+  MCCL_WIRE_BAD_VERSION,
+  MCCL_WIRE_BAD_KIND,      /* hello where an ack was due, or the reverse */
+  MCCL_WIRE_BAD_TOKEN,     /* another job, or a stranger */
+  MCCL_WIRE_BAD_COMM,      /* another communicator or generation */
+  MCCL_WIRE_BAD_NRANKS,
+  MCCL_WIRE_BAD_TARGET,    /* dialled another rank */
+  MCCL_WIRE_BAD_RANK,      /* a rank that may not connect this way, or not the one dialled */
+  MCCL_WIRE_DUPLICATE,     /* a second connection for a rank */
+  MCCL_WIRE_BAD_TYPE,      /* a frame type this connection does not carry */
+  MCCL_WIRE_BAD_RESERVED,  /* a reserved field that is not zero */
+  MCCL_WIRE_BAD_DTYPE,
+  MCCL_WIRE_BAD_EXTENT,    /* a payload outside its message */
+  MCCL_WIRE_MISMATCH,      /* a collective frame other than the one posted */
+  MCCL_WIRE_NUM_STATUS
+} mcclWireStatus;
+
+/* A short static name of a status ("ok", "bad magic", ...). */
+const char* mcclWireStatusName(mcclWireStatus status);
+
+/* What a rank expects of a hello (kind HELLO, on a connection it accepted) or of the ack that
+ * answers its own hello (kind ACK, on a connection it dialled to rank `peer`). */
+typedef struct {
+  uint8_t token[MCCL_TOKEN_BYTES];
+  uint64_t generation, comm_hash;
+  int rank, nranks;            /* this rank and the world size */
+  int kind;                    /* MCCL_HELLO_KIND_HELLO or MCCL_HELLO_KIND_ACK */
+  int peer;                    /* ACK: the rank dialled (ignored for HELLO) */
+  /* HELLO: nonzero when `rank` is connected already (a duplicate); NULL: never. */
+  int (*connected)(const void* ctx, int rank);
+  const void* ctx;
+} mcclHelloExpect;
+
+/* Decode the 48 bytes of a hello or ack and check every field against `e`. Only higher ranks
+ * dial lower ones, so a HELLO must claim a rank in (e->rank, e->nranks) and target e->rank; an
+ * ACK must come from e->peer and target e->rank. Fills *out (when non-NULL) with what was
+ * decoded, also on rejection as far as the magic allowed. */
+mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHelloExpect* e,
+                              mcclHello* out, char* why, size_t cap);
+
+/* Decode a frame header and check what holds for every frame before the receiver looks at it:
+ * magic, a known type (P2P only when `p2p_ok`), the reserved word zero; for a P2P frame also a
+ * valid dtype and a payload inside its message (offset + length <= count * dtype size, with no
+ * overflow). A DATA frame's other fields are checked against the posted receive (mcclFrameMatch);
+ * an ABORT frame's payload is its reason, of any length (the reader keeps the first
+ * MCCL_MAX_ABORT_REASON bytes). */
+mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_ok, mcclFrame* out,
+                                    char* why, size_t cap);
+
+/* A DATA frame against the header the receiver posted: MCCL_WIRE_MISMATCH, with `why` holding
+ * "sent <got>, but the receiver expected <want> (<fields> differ)", when any field differs. */
+mcclWireStatus mcclFrameMatch(const mcclFrame* got, const mcclFrame* want, char* why, size_t cap);
+
+/* Human-readable names, for error messages (never NULL, also for values off the enums). */
+const char* mcclCollName(int coll);
+const char* mcclDtypeName(int dtype);
+const char* mcclOpName(int op);
+void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap);
 
 #endif

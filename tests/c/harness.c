@@ -10,6 +10,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* LeakSanitizer normally checks at exit(), which forked ranks skip (_exit keeps them from running
+ * the parent's atexit handlers and flushing its stdio twice). ASan builds check them here. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HARNESS_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HARNESS_LSAN 1
+#endif
+#endif
+#ifdef HARNESS_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 int harness_failures = 0;
 int harness_checks = 0;
 static int report_fd = -1;
@@ -100,6 +113,12 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg) {
       mcclTcpStoreClose(&store);
       fflush(stdout);
       fflush(stderr);
+#ifdef HARNESS_LSAN
+      if (__lsan_do_recoverable_leak_check() != 0) {
+        fprintf(stderr, "rank %d: LeakSanitizer found leaks (above)\n", r);
+        _exit(4);
+      }
+#endif
       _exit(rc != 0 || harness_failures != 0 ? 1 : 0);
     }
     close(pipes[r][1]);

@@ -5,6 +5,11 @@
  * bitwise. Inputs are small integers so every dtype's result is exact.
  *
  * Usage: test_collectives [max_ranks]   (default 9)
+ *
+ * MCCL_TEST_QUICK=1 (the sanitizer builds: make asan, make tsan) shrinks the largest buffers
+ * (64 Mi-element all-reduce to 4 Mi, 1 Mi-element cases to 256 Ki, the 300 K all-gather to 70 K);
+ * every collective, algorithm, dtype and op still runs, and every large case still spans several
+ * ring segments. MCCL_TEST_MAX_RANKS=n (or the argument) runs 1..n ranks.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -88,6 +93,8 @@ static void fillInput(void* buf, mcclDataType_t dt, mcclRedOp_t op, int r, size_
   }
   tile(buf, mcclDataTypeSize(dt), count);
 }
+
+static int quick; /* MCCL_TEST_QUICK: smaller buffers and worlds (see the top of the file) */
 
 static void skew(uint64_t* rng) { usleep((useconds_t)(harnessRandom(rng) % 3000)); }
 
@@ -264,16 +271,18 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
       }
 
   /* Edge and large counts, int32 SUM (exact, every byte position different). */
-  const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n, (size_t)n + 1, 7919, (1u << 20) + 3};
+  const size_t big = quick ? (1u << 18) + 3 : (1u << 20) + 3;
+  const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n, (size_t)n + 1, 7919, big};
   for (size_t a = 0; a < 2; a++)
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
       checkAllReduce(comm, r, n, mcclInt32, mcclSum, counts[c], algos[a], (int)c % 2, &rng);
   /* 64 Mi elements (int8: 64 MiB per rank) through both algorithms. */
   for (size_t a = 0; a < 2; a++)
-    checkAllReduce(comm, r, n, mcclInt8, mcclSum, (size_t)64 << 20, algos[a], (int)a, &rng);
+    checkAllReduce(comm, r, n, mcclInt8, mcclSum, quick ? ((size_t)4 << 20) + 5 : (size_t)64 << 20, algos[a],
+                   (int)a, &rng);
 
   /* Broadcast from the first and last rank, through the tree and the chain. */
-  const size_t bcounts[] = {0, 1, 7919, (1u << 20) + 3};
+  const size_t bcounts[] = {0, 1, 7919, big};
   for (size_t a = 0; a < 2; a++)
     for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1))
       for (size_t c = 0; c < sizeof(bcounts) / sizeof(bcounts[0]); c++) {
@@ -295,7 +304,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
       }
 
   /* All-gather, out of place and in place. */
-  const size_t gcounts[] = {0, 1, 7919, 300000};
+  const size_t gcounts[] = {0, 1, 7919, quick ? 70000 : 300000};
   for (size_t c = 0; c < sizeof(gcounts) / sizeof(gcounts[0]); c++) {
     size_t count = gcounts[c];
     float* out = malloc(count * (size_t)n * 4 + 4);
@@ -326,7 +335,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
 }
 
 int main(int argc, char** argv) {
-  int max_ranks = argc > 1 ? atoi(argv[1]) : 9;
+  quick = getenv("MCCL_TEST_QUICK") != NULL && atoi(getenv("MCCL_TEST_QUICK")) != 0;
+  const char* env_ranks = getenv("MCCL_TEST_MAX_RANKS");
+  int max_ranks = argc > 1 ? atoi(argv[1]) : env_ranks != NULL ? atoi(env_ranks) : 9;
   for (int n = 1; n <= max_ranks; n++) {
     int before = harness_failures;
     harnessRunRanks(n, 300, rankMain, NULL);
