@@ -4,6 +4,8 @@
  * sequence number, then hands the request to the engine (engine.c).
  */
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/comm.h"
@@ -35,6 +37,11 @@ static mcclResult_t checkCommon(struct mcclComm* comm, const char* fn, mcclDataT
     return argError(comm, mcclInvalidArgument, "%s: datatype %d is not an mcclDataType_t value", fn, (int)dtype);
   if (count > 0 && (a == NULL || b == NULL))
     return argError(comm, mcclInvalidArgument, "%s: buffer pointer is NULL for count %zu", fn, count);
+  /* Every buffer a collective touches is at most nranks blocks of `count` elements, and must fit
+   * in PTRDIFF_MAX bytes (this also rejects negative counts cast to size_t). */
+  if (count > (size_t)PTRDIFF_MAX / mcclDataTypeSize(dtype) / (size_t)comm->nranks)
+    return argError(comm, mcclInvalidArgument, "%s: count %zu of %s is too large for %d ranks (a negative "
+                    "value cast to size_t?)", fn, count, mcclDtypeName(dtype), comm->nranks);
   if (atomic_load(&comm->aborted))
     return argError(comm, mcclAborted, "%s: the communicator was aborted", fn);
   return mcclSuccess;

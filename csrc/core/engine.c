@@ -7,6 +7,9 @@
  * takes it; that number, carried in every frame, is what peers check to know they run the same
  * collective. So no thread scheduling can reorder buckets between ranks.
  */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,9 +274,38 @@ void* mcclEngineMain(void* arg) {
   return NULL;
 }
 
+/* An argument error found at submission: for mcclGetLastError(comm) and the thread. */
+static mcclResult_t submitError(struct mcclComm* comm, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static mcclResult_t submitError(struct mcclComm* comm, const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  mcclSetThreadError("%s", msg);
+  pthread_mutex_lock(&comm->errlock);
+  if (comm->async_error == mcclSuccess) snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", msg);
+  pthread_mutex_unlock(&comm->errlock);
+  return mcclInvalidArgument;
+}
+
+/* Element counts and offsets must address memory: an n-block buffer of `count` elements has to
+ * fit in PTRDIFF_MAX bytes (this also rejects negative values cast to size_t). */
+static int countFits(size_t count, size_t esz, size_t blocks) {
+  return count <= (size_t)PTRDIFF_MAX / esz / blocks;
+}
+
 mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const size_t* const arrays[4],
                                const mcclOpOptions_t* options, mcclRequest_t* request) {
-  size_t n = (size_t)comm->nranks;
+  size_t n = (size_t)comm->nranks, esz = mcclDataTypeSize(op->dtype);
+  static const char* const names[4] = {"sendcounts", "sdispls", "recvcounts", "rdispls"};
+  for (int k = 0; k < 4; k += 2)
+    for (size_t p = 0; p < n; p++) {
+      size_t c = arrays[k][p], d = arrays[k + 1][p];
+      if (!countFits(c, esz, 1) || !countFits(d, esz, 1) || !countFits(c + d, esz, 1))
+        return submitError(comm, "mcclAllToAllv: %s[%zu] = %zu with %s[%zu] = %zu does not address "
+                           "memory (a negative value cast to size_t?)", names[k], p, c, names[k + 1], p, d);
+    }
   size_t* v = malloc(4 * n * sizeof(size_t));
   if (v == NULL) {
     mcclSetThreadError("out of memory for all-to-allv counts");
@@ -300,6 +332,8 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
   req->op = *op;
   req->source = -1;
   req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : default_timeout_ms;
+  const int64_t max_ms = INT64_MAX / 1000000 / 10; /* as mcclDeadlineNs: deadlines never overflow */
+  if (req->timeout_ms > max_ms) req->timeout_ms = max_ms;
   if (options && options->handoff) req->handoff = *options->handoff;
   if (options) {
     req->op.algorithm = options->algorithm;
@@ -311,6 +345,16 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
 /* Takes ownership of `v`. */
 static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
                            const mcclOpOptions_t* options, mcclRequest_t* request) {
+  const char* fn = mcclCollName(op->coll);
+  mcclResult_t bad = mcclSuccess;
+  if (options && (unsigned)options->algorithm > (unsigned)mcclAlgoTree)
+    bad = submitError(comm, "%s: options.algorithm %d is not an mcclAlgorithm_t value", fn, (int)options->algorithm);
+  else if (options && options->hold != 0 && options->hold != 1)
+    bad = submitError(comm, "%s: options.hold must be 0 or 1, not %d", fn, options->hold);
+  if (bad != mcclSuccess) {
+    free(v);
+    return bad;
+  }
   struct mcclRequest* req = mcclRequestNew(op, options, comm->timeout_ms);
   if (req == NULL) {
     free(v);
@@ -328,8 +372,7 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   if (parent != NULL && (parent->comm != comm || !parent->ordered)) {
     mcclRequestRelease(req);
     mcclRequestRelease(req);
-    mcclSetThreadError("options.follows must be a collective request of the same communicator");
-    return mcclInvalidArgument;
+    return submitError(comm, "%s: options.follows must be a collective request of the same communicator", fn);
   }
 
   pthread_mutex_lock(&comm->qlock);
@@ -371,7 +414,10 @@ mcclResult_t mcclRequestWaitAndFree(struct mcclComm* comm, struct mcclRequest* r
 }
 
 mcclResult_t mcclWait(mcclRequest_t req, int64_t timeout_ms) {
-  if (req == NULL) return mcclInvalidArgument;
+  if (req == NULL) {
+    mcclSetThreadError("mcclWait: request is NULL");
+    return mcclInvalidArgument;
+  }
   pthread_mutex_lock(&req->mu);
   if (timeout_ms < 0) {
     while (!req->done) pthread_cond_wait(&req->cv, &req->mu);
@@ -393,7 +439,10 @@ mcclResult_t mcclWait(mcclRequest_t req, int64_t timeout_ms) {
 }
 
 mcclResult_t mcclTest(mcclRequest_t req, int* done) {
-  if (req == NULL || done == NULL) return mcclInvalidArgument;
+  if (req == NULL || done == NULL) {
+    mcclSetThreadError("mcclTest: %s is NULL", req == NULL ? "request" : "done");
+    return mcclInvalidArgument;
+  }
   pthread_mutex_lock(&req->mu);
   *done = req->done;
   mcclResult_t res = req->done ? req->result : mcclSuccess;
@@ -411,7 +460,10 @@ uint64_t mcclRequestSeq(mcclRequest_t req) {
 }
 
 mcclResult_t mcclRequestSeal(mcclRequest_t req) {
-  if (req == NULL) return mcclInvalidArgument;
+  if (req == NULL) {
+    mcclSetThreadError("mcclRequestSeal: request is NULL");
+    return mcclInvalidArgument;
+  }
   if (!req->ordered) return mcclSuccess;
   pthread_mutex_lock(&req->comm->qlock);
   req->sealed = 1;

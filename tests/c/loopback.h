@@ -46,6 +46,7 @@ static inline int loopbackOpen(mcclLoopback* lb, size_t segment_bytes) {
   pthread_cond_init(&comm->qcond, NULL);
   pthread_mutex_init(&comm->errlock, NULL);
   atomic_init(&comm->aborted, 0);
+  atomic_init(&comm->refs, 1);
   int fds[2] = {-1, sv[0]};
   if (mcclTransportFromFds(&comm->tp, 0, 2, fds) != mcclSuccess || mcclP2pInit(comm) != mcclSuccess) {
     close(sv[1]);
