@@ -27,8 +27,13 @@ typedef struct {
   int state;
   uint8_t buf[MCCL_HELLO_BYTES];
   size_t done;
+  int64_t since_ns; /* incoming: when accepted */
   char addr[MCCL_ADDR_STRLEN];
 } mcclPending;
+
+/* With every slot for unauthenticated connections taken, the one that has waited longest for its
+ * hello (at least this long) makes room: idle strangers cannot lock ranks out. */
+#define PENDING_EVICT_AFTER_MS 200
 
 #define MAX_PENDING_INCOMING 256
 
@@ -215,11 +220,20 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
         socklen_t fromlen = sizeof(from.ss);
         int fd = accept(listen_fd, &from.sa, &fromlen);
         if (fd < 0) break;
-        int slot = -1;
-        for (int i = nranks; i < npend_cap; i++)
-          if (pend[i].fd < 0) { slot = i; break; }
+        int slot = -1, oldest = -1;
+        for (int i = nranks; i < npend_cap && slot < 0; i++) {
+          if (pend[i].fd < 0) slot = i;
+          else if (oldest < 0 || pend[i].since_ns < pend[oldest].since_ns) oldest = i;
+        }
         char text[MCCL_ADDR_STRLEN];
         mcclSockaddrFormat(&from, text, sizeof(text));
+        if (slot < 0 && oldest >= 0 && mcclNowNs() - pend[oldest].since_ns >= PENDING_EVICT_AFTER_MS * 1000000LL) {
+          WARN("rank %d: closed connection from %s: no hello after %.1f s while more connections wait",
+               rank, pend[oldest].addr, (double)(mcclNowNs() - pend[oldest].since_ns) / 1e9);
+          close(pend[oldest].fd);
+          pend[oldest].fd = -1;
+          slot = oldest;
+        }
         if (slot < 0 || mcclSocketTune(fd) != 0) {
           WARN("rank %d: refused connection from %s: too many unauthenticated connections", rank, text);
           close(fd);
@@ -229,12 +243,14 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
         pend[slot].fd = fd;
         pend[slot].peer = -1;
         pend[slot].state = PEND_RECV;
+        pend[slot].since_ns = mcclNowNs();
         snprintf(pend[slot].addr, sizeof(pend[slot].addr), "%s", text);
       }
     }
     for (int k = 1; k < np; k++) {
       if (pfds[k].revents == 0) continue;
       mcclPending* p = &pend[slot_of[k]];
+      if (p->fd != pfds[k].fd) continue; /* evicted above; the slot holds a newer connection */
       char why[160];
       const char* reject = NULL;
       if (p->state == PEND_CONNECTING) {
@@ -665,9 +681,21 @@ void mcclTransportWake(mcclTransport* t) {
 #define MCCL_FAIL_LINGER_MS 250
 
 /* Never dereferences posted transfers: after an error their owners may have returned. */
-void mcclTransportFail(mcclTransport* t, const char* reason) {
-  size_t len = strlen(reason);
-  if (len > MCCL_MAX_ABORT_REASON) len = MCCL_MAX_ABORT_REASON;
+void mcclTransportFail(mcclTransport* t, const char* full_reason) {
+  /* A reason that wraps a peer's reason ("rank 1: ... failed: rank 2 (addr) failed: ...") holds
+   * the root cause at its end: when too long for a frame, keep its head and its tail. */
+  char clipped[MCCL_MAX_ABORT_REASON + 1];
+  const char* reason = full_reason;
+  size_t len = strlen(full_reason);
+  if (len > MCCL_MAX_ABORT_REASON) {
+    const size_t head = 120, gap = 5, tail = MCCL_MAX_ABORT_REASON - head - gap;
+    memcpy(clipped, full_reason, head);
+    memcpy(clipped + head, " ... ", gap);
+    memcpy(clipped + head + gap, full_reason + len - tail, tail);
+    clipped[MCCL_MAX_ABORT_REASON] = '\0';
+    reason = clipped;
+    len = MCCL_MAX_ABORT_REASON;
+  }
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0) continue;

@@ -166,12 +166,6 @@ def _mismatch_on_8(rank: int, world_size: int) -> str:
     return ""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BACKEND BUG: each rank that fails because a peer failed prefixes that peer's ABORT reason with "
-    "its own context and forwards at most 512 bytes of it (MCCL_MAX_ABORT_REASON), keeping the "
-    "head; around the ring the root cause at the tail is cut off after 3-4 hops, so on 8 ranks the "
-    "ranks farthest from the odd one raise errors that neither say 'mismatch' nor name it. "
-    "See docs/FAILURES.md, 'Known gaps'."))
 def test_mismatch_is_named_on_every_rank_of_8():
     messages = check_ok(run_ranks(_mismatch_on_8, 8, pg_timeout_s=30, deadline_s=120, start_method="forkserver"))
     lost = {r: m[-150:] for r, m in enumerate(messages) if "mismatch" not in m}

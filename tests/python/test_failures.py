@@ -341,10 +341,6 @@ FLOOD_TIMEOUT_S = 15
 FLOOD = 300  # more than the 256 unauthenticated connections a listener holds (tcp.c)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BACKEND BUG: a listener keeps at most 256 unauthenticated connections and never times one "
-    "out (tcp.c, MAX_PENDING_INCOMING), so 256 idle connections from a stranger lock every "
-    "later rank out until init times out. See docs/FAILURES.md, 'Known gaps'."))
 def test_many_half_open_connections_do_not_lock_ranks_out():
     def drive(job):
         bs = job.backend_store()
