@@ -217,6 +217,27 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
       MCCLCHECKGOTO(storeGet(store, key, addrs[r], MCCL_ADDR_STRLEN - 1, &len, deadline, what), res, fail);
       addrs[r][len < MCCL_ADDR_STRLEN ? len : MCCL_ADDR_STRLEN - 1] = '\0';
     }
+    /* A loopback address is reachable from its own host only: if some ranks published one and
+     * others a routable one, the job spans hosts and would wait out its timeout dialling peers
+     * that cannot be reached. Every rank sees the same addresses, so every rank fails here. */
+    int lo = -1, routable = -1;
+    for (int r = 0; r < comm->nranks; r++) {
+      mcclSockaddr a;
+      if (mcclSockaddrParse(addrs[r], &a) != 0) continue;
+      int is_lo = a.sa.sa_family == AF_INET ? (ntohl(a.sin.sin_addr.s_addr) >> 24) == 127
+                                             : IN6_IS_ADDR_LOOPBACK(&a.sin6.sin6_addr);
+      if (is_lo && lo < 0) lo = r;
+      if (!is_lo && routable < 0) routable = r;
+    }
+    if (lo >= 0 && routable >= 0) {
+      mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s but rank %d "
+                         "published %s: the ranks are on different hosts, and no other host can reach "
+                         "a loopback address. Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to "
+                         "loopback: give MASTER_ADDR as a routable IP address, or set "
+                         "MCCL_SOCKET_IFNAME", lo, addrs[lo], routable, addrs[routable], lo);
+      res = mcclInvalidArgument;
+      goto fail;
+    }
     res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, deadline);
     if (res != mcclSuccess) {
       mcclSetThreadError("mcclCommInitConfig: %s", comm->tp.error);

@@ -87,12 +87,13 @@ static int familyWanted(int family) {
 }
 
 /* Pick from getifaddrs: interfaces that are up, match `list` (NULL: any non-loopback), and have
- * an address of a wanted family. IPv4 wins over IPv6 link-local. */
+ * an address of a wanted family. IPv4 wins over IPv6 link-local, and any other interface over a
+ * loopback one that `list` also matches (an exclusion list like '^eth' need not name 'lo'). */
 static int pickInterface(const char* list, mcclSockaddr* addr, char* ifname, size_t cap,
                          char* seen, size_t seen_cap) {
   struct ifaddrs* ifs = NULL;
   if (getifaddrs(&ifs) != 0) return -1;
-  int found = 0, found_score = -1;
+  int found = 0, found_score = -100;
   for (struct ifaddrs* it = ifs; it != NULL; it = it->ifa_next) {
     if (it->ifa_addr == NULL || !(it->ifa_flags & IFF_UP)) continue;
     int family = it->ifa_addr->sa_family;
@@ -105,6 +106,7 @@ static int pickInterface(const char* list, mcclSockaddr* addr, char* ifname, siz
     if (list != NULL ? !ifnameMatches(list, it->ifa_name) : (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
     int score = family == AF_INET ? 2 : 1;
     if (family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6*)it->ifa_addr)->sin6_addr)) score = 0;
+    if (it->ifa_flags & IFF_LOOPBACK) score -= 10;
     if (score > found_score) {
       memset(addr, 0, sizeof(*addr));
       memcpy(addr, it->ifa_addr, family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));

@@ -427,27 +427,20 @@ def _outcome(records: list[dict]) -> str:
                      + ("ok" if r["ok"] else f"failed after {r['after_s']:.1f} s: {r['error']}") for r in records)
 
 
-# The two xfail cases below wait out their pg timeout (the bug); 15 s keeps the file fast.
+# Were the loopback cases below to regress, they would wait out their pg timeout: 15 s keeps the file fast.
 LOOPBACK_PG_TIMEOUT_S = 15
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "mccl bug: when MASTER_ADDR resolves to 127.0.0.1 on host 0, rank 0 listens on and publishes "
-    "127.0.0.1 (csrc/transport/socket.c: the route toward MASTER_ADDR is taken even when it is "
-    "loopback); rank 1 dials 127.0.0.1 in its own host and retries ECONNREFUSED until the "
-    "process-group timeout (30 min by default): neither the routable address nor a prompt error"))
 def test_f20d_master_hostname_resolving_to_loopback(hosts):
     """(d) MASTER_ADDR=mcclt-master, which host 0's hosts file maps to 127.0.0.1 and host 1's to
     192.168.77.1 (the TCPStore listens on every address, so the rendezvous works). Accepted (see
     :func:`_routable_or_prompt_error`): the real routable address with exact sums, or every rank
     failing within 10 s with an error naming 127.0.0.1/loopback.
 
-    Observed (hence xfail): neither. Rank 0 publishes 127.0.0.1:<port> ("route to mcclt-master"),
-    rank 1 publishes 192.168.77.2:<port>; both ranks wait out the whole pg timeout and then fail
-    with "timed out connecting rank 1 (192.168.77.2:...) to its peers; still missing rank 0
-    (127.0.0.1:...: Connection refused)" and "timed out connecting rank 0 (127.0.0.1:...) to its
-    peers; still missing rank 1 (192.168.77.2:...)".
+    Before the fix both ranks waited out the whole pg timeout (rank 0 published 127.0.0.1, rank 1
+    its LAN address). Now every rank sees the mix of loopback and routable addresses right after
+    the exchange and fails at once with an error naming rank 0's loopback address.
     """
     records = hosts.run({}, F20_BYTES, F20_ITERS, pg_timeout_s=LOOPBACK_PG_TIMEOUT_S, deadline_s=60,
                         master_addr=MASTER_HOST)
@@ -456,21 +449,13 @@ def test_f20d_master_hostname_resolving_to_loopback(hosts):
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "mccl bug: MCCL_SOCKET_IFNAME=^eth (an exclusion list that does not name lo) selects lo, "
-    "since pickInterface in csrc/transport/socket.c lets loopback match a '^' list and keeps the "
-    "first of equal-scored interfaces (lo comes first); every rank publishes 127.0.0.1 in a world "
-    "that spans hosts and the job waits out the process-group timeout"))
 def test_f20b_exclusion_list_that_does_not_name_lo(hosts):
     """(b') MCCL_SOCKET_IFNAME=^eth: the form the library's own error message suggests ('^docker'
     to exclude). Accepted (see :func:`_routable_or_prompt_error`): tb0 (the only non-loopback
     interface the list leaves) with exact sums, or every rank failing within 10 s naming loopback.
 
-    Observed (hence xfail): both ranks listen on and publish 127.0.0.1:<port> (interface "lo");
-    rank 1 dials 127.0.0.1 in its own host, and both fail only at the pg timeout ("timed out
-    connecting rank 1 (127.0.0.1:...) to its peers; still missing rank 0 (127.0.0.1:...:
-    Connection refused)"). NCCL's findInterfaces behaves the same way, which is why its users
-    write ^docker0,lo; mccl's docs and error text suggest '^docker'.
+    Before the fix lo won (equal score, first in getifaddrs) and the job waited out its timeout;
+    now a loopback interface is chosen only when nothing else matches, so tb0 carries the job.
     """
     records = hosts.run({"MCCL_SOCKET_IFNAME": "^eth"}, F20_BYTES, F20_ITERS, pg_timeout_s=LOOPBACK_PG_TIMEOUT_S,
                         deadline_s=60)
