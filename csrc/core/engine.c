@@ -97,11 +97,17 @@ static mcclResult_t runPremul(struct mcclComm* comm, struct mcclRequest* req) {
   return res;
 }
 
-/* A fatal error: record it, tell every peer and cut the connections (so that ranks blocked on
- * this one fail now instead of at their own deadline), and fail all point-to-point work. */
-static void failCommunicator(struct mcclComm* comm, mcclResult_t res, const char* msg) {
-  mcclCommSetError(comm, res, msg);
+/* A fatal error: tell every peer and cut the connections (so that ranks blocked on this one fail
+ * now instead of at their own deadline), record it, and fail all point-to-point work. While the
+ * transport lingers it learns which peers stayed silent; naming them in `msg` (of size `cap`)
+ * points at a stalled rank when the timeout blamed a neighbour that was only waiting too. */
+static void failCommunicator(struct mcclComm* comm, mcclResult_t res, char* msg, size_t cap) {
   mcclTransportFail(&comm->tp, msg);
+  size_t len = strlen(msg);
+  if (comm->tp.silent[0] != '\0' && len + 1 < cap)
+    snprintf(msg + len, cap - len, " [while every other rank reported this failure or closed, %s sent "
+             "nothing: stalled or stopped?]", comm->tp.silent);
+  mcclCommSetError(comm, res, msg);
   mcclP2pFailAll(comm, res, msg);
 }
 
@@ -139,7 +145,7 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
            comm->rank, mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
            mcclDtypeName(req->op.dtype), (double)(mcclNowNs() - start) / 1e6,
            (long long)req->timeout_ms, comm->tp.error);
-  failCommunicator(comm, res, msg);
+  failCommunicator(comm, res, msg, sizeof(msg));
   mcclRequestFinish(req, res, msg);
 }
 
@@ -241,7 +247,7 @@ void* mcclEngineMain(void* arg) {
                "run right after the one it follows, so a callback that waits for a later "
                "collective can never finish)", comm->rank, mcclCollName(blocker->op.coll),
                (unsigned long long)blocker->op.seq, (long long)blocker->timeout_ms);
-      failCommunicator(comm, mcclTimeout, msg);
+      failCommunicator(comm, mcclTimeout, msg, sizeof(msg));
     } else if (p2p) {
       /* Destroy with sends or receives pending: a short grace for what is in flight, then they
        * fail rather than hold destroy up for their whole timeout. */
@@ -256,7 +262,7 @@ void* mcclEngineMain(void* arg) {
       if (res != mcclSuccess && res != mcclTimeout) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "rank %d: point-to-point traffic failed: %s", comm->rank, comm->tp.error);
-        failCommunicator(comm, res, msg);
+        failCommunicator(comm, res, msg, sizeof(msg));
       }
     } else {
       break; /* stopping, and nothing is left */

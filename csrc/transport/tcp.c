@@ -696,6 +696,9 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     reason = clipped;
     len = MCCL_MAX_ABORT_REASON;
   }
+  /* Peers that already failed or closed have spoken; the others may yet, during the linger. */
+  char* heard = calloc((size_t)t->nranks, 1);
+  for (int r = 0; r < t->nranks && heard != NULL; r++) heard[r] = r == t->rank || t->conns[r].fd < 0 || t->conns[r].dead;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0) continue;
@@ -739,8 +742,21 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
       char sink[65536];
       ssize_t n = recv(t->pfds[k].fd, sink, sizeof(sink), MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) t->conns[t->pfd_peer[k]].dead = 2;
+      if (heard != NULL && n >= 0) heard[t->pfd_peer[k]] = 1;
     }
   }
+  t->silent[0] = '\0';
+  int nsilent = 0, nother = 0;
+  for (int r = 0; r < t->nranks && heard != NULL; r++) {
+    if (r == t->rank) continue;
+    nother++;
+    if (heard[r] || t->conns[r].dead == 2) continue;
+    size_t used = strlen(t->silent);
+    if (nsilent++ < 4 && used + MCCL_ADDR_STRLEN + 16 < sizeof(t->silent))
+      snprintf(t->silent + used, sizeof(t->silent) - used, "%srank %d (%s)", used ? ", " : "", r, t->conns[r].addr);
+  }
+  if (nsilent == nother) t->silent[0] = '\0'; /* everyone silent: this rank is the one cut off */
+  free(heard);
 }
 
 int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {

@@ -92,6 +92,8 @@ typedef struct mcclTransport {
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
   int idle;                       /* the last progress round had nothing to poll */
   char error[768];                /* why the last call failed */
+  char silent[256];               /* after mcclTransportFail: live peers that neither reported a
+                                     failure nor closed during the linger ("" if none) */
 } mcclTransport;
 
 /* What a rank needs to authenticate its peers. */
@@ -135,6 +137,10 @@ void mcclTransportWake(mcclTransport* t);
  * middle of a frame, shut the sending side of every connection so that peers blocked on this
  * rank fail at once, forget every posted transfer (without touching them: their owners may have
  * returned), and linger briefly reading what peers still send so that the ABORT frames arrive. */
+/* Tell every peer why this rank fails (an ABORT frame), close the write sides, then linger up to
+ * MCCL_FAIL_LINGER_MS reading what peers still send; t->silent names the peers that stayed
+ * silent all along (no failure report, no close): when every other rank reports its failure,
+ * a silent one is the likely stalled rank. */
 void mcclTransportFail(mcclTransport* t, const char* reason);
 
 /* After the last collective: the number of peers that sent bytes this rank never read (their

@@ -144,11 +144,6 @@ def test_sigstop_one_rank_others_time_out_within_12s(elems):
     _stop_and_check(elems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BACKEND BUG: a timeout names the peer this rank waited on, not the stalled rank: with rank 2 "
-    "stopped, rank 3 names rank 2 but rank 0 names rank 3 and rank 1 names rank 0, and whichever "
-    "rank's deadline passes first spreads its (wrong) diagnosis to the others in its ABORT frame. "
-    "See docs/FAILURES.md, 'Known gaps'."))
 def test_sigstop_every_survivor_names_the_stopped_rank():
     # Rank 3, the stopped rank's successor in the ring and the only one that waits on it directly,
     # enters each collective 0.3 s after the others (any real job has such skew), so ranks 0 and 1
