@@ -3,6 +3,7 @@
 
 #include <c10/core/InferenceMode.h>
 #include <optional>
+#include <pthread.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
@@ -194,6 +195,7 @@ class Completer {
   static constexpr int kMaxThreads = 256;
 
   void run() {
+    pthread_setname_np(pthread_self(), "mccl-complete");  // tests tell pool threads apart by name
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       while (tasks_.empty()) {

@@ -724,19 +724,26 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     if (c->dead_reason[0] == '\0') snprintf(c->dead_reason, sizeof(c->dead_reason), "this rank failed");
   }
   mcclTransportCancel(t);
-  /* Linger: discard what peers still send until each has closed too, or the linger time is up. */
-  int64_t until = mcclNowNs() + MCCL_FAIL_LINGER_MS * 1000000LL;
+  /* Linger: discard what peers still send until each has closed too, or the linger time is up.
+   * Past MCCL_FAIL_LINGER_MS it goes on (to four times that) only while two or more peers are
+   * still unheard, so that under load a slow live peer is not taken for the stalled one. */
+  int64_t start = mcclNowNs();
+  int64_t until = start + MCCL_FAIL_LINGER_MS * 1000000LL, until_max = start + 4 * MCCL_FAIL_LINGER_MS * 1000000LL;
   for (;;) {
-    int np = 0;
+    int np = 0, unheard = 0;
     for (int r = 0; r < t->nranks; r++) {
       if (t->conns[r].fd < 0 || t->conns[r].dead == 2) continue;
+      if (heard != NULL && !heard[r]) unheard++;
       t->pfds[np].fd = t->conns[r].fd;
       t->pfds[np].events = POLLIN;
       t->pfd_peer[np++] = r;
     }
-    int64_t left_ms = (until - mcclNowNs()) / 1000000LL;
+    int64_t now = mcclNowNs();
+    int64_t end = (now >= until && unheard <= 1) || heard == NULL ? until : until_max;
+    int64_t left_ms = (end - now) / 1000000LL;
     if (np == 0 || left_ms <= 0) break;
-    if (poll(t->pfds, (nfds_t)np, (int)left_ms) <= 0) break;
+    if (left_ms > MCCL_FAIL_LINGER_MS) left_ms = MCCL_FAIL_LINGER_MS;
+    if (poll(t->pfds, (nfds_t)np, (int)left_ms) < 0) break;
     for (int k = 0; k < np; k++) {
       if (t->pfds[k].revents == 0) continue;
       char sink[65536];
