@@ -16,6 +16,7 @@
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/random.h>
+#include <sys/stat.h>
 #endif
 
 #include "core/comm.h"
@@ -89,6 +90,25 @@ void mcclCommRelease(struct mcclComm* comm) {
   pthread_cond_destroy(&comm->qcond);
   pthread_mutex_destroy(&comm->errlock);
   free(comm);
+}
+
+/* Which loopback this process sees: the machine's boot id and its network namespace on Linux
+ * (namespaces on one machine have loopbacks of their own), else the host name. */
+static void hostIdentity(char* out, size_t cap) {
+  char boot[64] = "";
+  FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f != NULL) {
+    if (fgets(boot, sizeof(boot), f) == NULL) boot[0] = '\0';
+    fclose(f);
+    boot[strcspn(boot, "\n")] = '\0';
+  }
+  struct stat st;
+  if (boot[0] != '\0' && stat("/proc/self/ns/net", &st) == 0) {
+    snprintf(out, cap, "%s/net:%llu", boot, (unsigned long long)st.st_ino);
+    return;
+  }
+  if (gethostname(out, cap) != 0) snprintf(out, cap, "unknown");
+  out[cap - 1] = '\0';
 }
 
 /* Everything init allocates (sockets, threads' state, buffers) is freed by commFree, which
@@ -206,6 +226,10 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     mcclSockaddrFormat(&local, addrs[comm->rank], MCCL_ADDR_STRLEN);
     INFO(MCCL_SUB_INIT, "rank %d/%d of '%s' generation %llu listening on %s (%s)", comm->rank,
          comm->nranks, comm->name, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
+    char host[160];
+    hostIdentity(host, sizeof(host));
+    snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
+    MCCLCHECKGOTO(store->set(store->ctx, key, host, strlen(host)), res, fail);
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
     MCCLCHECKGOTO(store->set(store->ctx, key, addrs[comm->rank], strlen(addrs[comm->rank])), res, fail);
     for (int r = 0; r < comm->nranks; r++) {
@@ -217,26 +241,39 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
       MCCLCHECKGOTO(storeGet(store, key, addrs[r], MCCL_ADDR_STRLEN - 1, &len, deadline, what), res, fail);
       addrs[r][len < MCCL_ADDR_STRLEN ? len : MCCL_ADDR_STRLEN - 1] = '\0';
     }
-    /* A loopback address is reachable from its own host only: if some ranks published one and
-     * others a routable one, the job spans hosts and would wait out its timeout dialling peers
-     * that cannot be reached. Every rank sees the same addresses, so every rank fails here. */
-    int lo = -1, routable = -1;
-    for (int r = 0; r < comm->nranks; r++) {
+    /* A loopback address is reachable from its own host (and network namespace) only: if a rank
+     * published one and a rank elsewhere must dial it, the job would wait out its timeout on
+     * "connection refused". Every rank sees the same addresses and hosts, so every rank fails
+     * here at once. (Only when some address is loopback are the host identities read.) */
+    int lo = -1;
+    for (int r = 0; r < comm->nranks && lo < 0; r++) {
       mcclSockaddr a;
       if (mcclSockaddrParse(addrs[r], &a) != 0) continue;
       int is_lo = a.sa.sa_family == AF_INET ? (ntohl(a.sin.sin_addr.s_addr) >> 24) == 127
                                              : IN6_IS_ADDR_LOOPBACK(&a.sin6.sin6_addr);
-      if (is_lo && lo < 0) lo = r;
-      if (!is_lo && routable < 0) routable = r;
+      if (is_lo) lo = r;
     }
-    if (lo >= 0 && routable >= 0) {
-      mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s but rank %d "
-                         "published %s: the ranks are on different hosts, and no other host can reach "
-                         "a loopback address. Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to "
-                         "loopback: give MASTER_ADDR as a routable IP address, or set "
-                         "MCCL_SOCKET_IFNAME", lo, addrs[lo], routable, addrs[routable], lo);
-      res = mcclInvalidArgument;
-      goto fail;
+    if (lo >= 0) {
+      char lo_host[160], other[160];
+      size_t lo_len = 0;
+      snprintf(key, sizeof(key), "%s/host/%d", prefix, lo);
+      MCCLCHECKGOTO(storeGet(store, key, lo_host, sizeof(lo_host) - 1, &lo_len, deadline, "a rank's host identity"), res, fail);
+      lo_host[lo_len < sizeof(lo_host) ? lo_len : sizeof(lo_host) - 1] = '\0';
+      for (int r = 0; r < comm->nranks; r++) {
+        size_t len = 0;
+        snprintf(key, sizeof(key), "%s/host/%d", prefix, r);
+        MCCLCHECKGOTO(storeGet(store, key, other, sizeof(other) - 1, &len, deadline, "a rank's host identity"), res, fail);
+        other[len < sizeof(other) ? len : sizeof(other) - 1] = '\0';
+        if (strcmp(other, lo_host) != 0) {
+          mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
+                             "(%s) runs on another host or network namespace and cannot reach it. "
+                             "Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to loopback: give "
+                             "MASTER_ADDR as a routable IP address, or set MCCL_SOCKET_IFNAME",
+                             lo, addrs[lo], r, addrs[r], lo);
+          res = mcclInvalidArgument;
+          goto fail;
+        }
+      }
     }
     res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, deadline);
     if (res != mcclSuccess) {
