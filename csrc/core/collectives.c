@@ -12,10 +12,7 @@
 #include "core/debug.h"
 #include "reduce/reduce.h"
 
-/* Record an argument error for mcclGetLastError(comm) and the thread; returns `res`. */
-static mcclResult_t argError(struct mcclComm* comm, mcclResult_t res, const char* fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static mcclResult_t argError(struct mcclComm* comm, mcclResult_t res, const char* fmt, ...) {
+mcclResult_t mcclArgError(struct mcclComm* comm, mcclResult_t res, const char* fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -32,18 +29,18 @@ static mcclResult_t argError(struct mcclComm* comm, mcclResult_t res, const char
 
 static mcclResult_t checkCommon(struct mcclComm* comm, const char* fn, mcclDataType_t dtype,
                                 size_t count, const void* a, const void* b) {
-  if (comm == NULL) return argError(NULL, mcclInvalidArgument, "%s: communicator is NULL", fn);
+  if (comm == NULL) return mcclArgError(NULL, mcclInvalidArgument, "%s: communicator is NULL", fn);
   if ((int)dtype < 0 || dtype >= mcclNumTypes)
-    return argError(comm, mcclInvalidArgument, "%s: datatype %d is not an mcclDataType_t value", fn, (int)dtype);
+    return mcclArgError(comm, mcclInvalidArgument, "%s: datatype %d is not an mcclDataType_t value", fn, (int)dtype);
   if (count > 0 && (a == NULL || b == NULL))
-    return argError(comm, mcclInvalidArgument, "%s: buffer pointer is NULL for count %zu", fn, count);
+    return mcclArgError(comm, mcclInvalidArgument, "%s: buffer pointer is NULL for count %zu", fn, count);
   /* Every buffer a collective touches is at most nranks blocks of `count` elements, and must fit
    * in PTRDIFF_MAX bytes (this also rejects negative counts cast to size_t). */
-  if (count > (size_t)PTRDIFF_MAX / mcclDataTypeSize(dtype) / (size_t)comm->nranks)
-    return argError(comm, mcclInvalidArgument, "%s: count %zu of %s is too large for %d ranks (a negative "
+  if (!mcclCountFits(count, mcclDataTypeSize(dtype), (size_t)comm->nranks))
+    return mcclArgError(comm, mcclInvalidArgument, "%s: count %zu of %s is too large for %d ranks (a negative "
                     "value cast to size_t?)", fn, count, mcclDtypeName(dtype), comm->nranks);
   if (atomic_load(&comm->aborted))
-    return argError(comm, mcclAborted, "%s: the communicator was aborted", fn);
+    return mcclArgError(comm, mcclAborted, "%s: the communicator was aborted", fn);
   return mcclSuccess;
 }
 
@@ -54,13 +51,13 @@ static mcclResult_t checkCommon(struct mcclComm* comm, const char* fn, mcclDataT
 static mcclResult_t checkOp(struct mcclComm* comm, const char* fn, mcclDataType_t dtype, mcclRedOp_t op) {
   mcclResult_t ok = mcclReduceCheck(dtype, op);
   if (ok != mcclSuccess)
-    return argError(comm, ok, "%s: op %s is not defined for dtype %s", fn, mcclOpName(op), mcclDtypeName(dtype));
+    return mcclArgError(comm, ok, "%s: op %s is not defined for dtype %s", fn, mcclOpName(op), mcclDtypeName(dtype));
   return mcclSuccess;
 }
 
 static mcclResult_t checkRoot(struct mcclComm* comm, const char* fn, int root) {
   if (root < 0 || root >= comm->nranks)
-    return argError(comm, mcclInvalidArgument, "%s: root %d is outside 0..%d", fn, root, comm->nranks - 1);
+    return mcclArgError(comm, mcclInvalidArgument, "%s: root %d is outside 0..%d", fn, root, comm->nranks - 1);
   return mcclSuccess;
 }
 
@@ -97,7 +94,7 @@ MCCL_API mcclResult_t mcclReduce(const void* sendbuf, void* recvbuf, size_t coun
   MCCLCHECK(checkOp(comm, "mcclReduce", datatype, op));
   MCCLCHECK(checkRoot(comm, "mcclReduce", root));
   if (comm->rank == root && count > 0 && recvbuf == NULL)
-    return argError(comm, mcclInvalidArgument, "mcclReduce: recvbuf is NULL on root");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclReduce: recvbuf is NULL on root");
   mcclOp o = OP(MCCL_COLL_REDUCE, sendbuf, recvbuf, count, datatype, op, root);
   return mcclEngineSubmit(comm, &o, options, request);
 }
@@ -117,7 +114,7 @@ MCCL_API mcclResult_t mcclGather(const void* sendbuf, void* recvbuf, size_t send
   MCCLCHECK(checkCommon(comm, "mcclGather", datatype, sendcount, sendbuf, sendbuf));
   MCCLCHECK(checkRoot(comm, "mcclGather", root));
   if (comm->rank == root && sendcount > 0 && recvbuf == NULL)
-    return argError(comm, mcclInvalidArgument, "mcclGather: recvbuf is NULL on root");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclGather: recvbuf is NULL on root");
   mcclOp o = OP(MCCL_COLL_GATHER, sendbuf, recvbuf, sendcount, datatype, mcclSum, root);
   return mcclEngineSubmit(comm, &o, options, request);
 }
@@ -128,7 +125,7 @@ MCCL_API mcclResult_t mcclScatter(const void* sendbuf, void* recvbuf, size_t rec
   MCCLCHECK(checkCommon(comm, "mcclScatter", datatype, recvcount, recvbuf, recvbuf));
   MCCLCHECK(checkRoot(comm, "mcclScatter", root));
   if (comm->rank == root && recvcount > 0 && sendbuf == NULL)
-    return argError(comm, mcclInvalidArgument, "mcclScatter: sendbuf is NULL on root");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclScatter: sendbuf is NULL on root");
   mcclOp o = OP(MCCL_COLL_SCATTER, sendbuf, recvbuf, recvcount, datatype, mcclSum, root);
   return mcclEngineSubmit(comm, &o, options, request);
 }
@@ -138,7 +135,7 @@ MCCL_API mcclResult_t mcclAllToAll(const void* sendbuf, void* recvbuf, size_t co
                                    const mcclOpOptions_t* options, mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclAllToAll", datatype, count, sendbuf, recvbuf));
   if (count > 0 && sendbuf == recvbuf)
-    return argError(comm, mcclInvalidArgument, "mcclAllToAll: sendbuf and recvbuf must differ");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAll: sendbuf and recvbuf must differ");
   mcclOp o = OP(MCCL_COLL_ALLTOALL, sendbuf, recvbuf, count, datatype, mcclSum, 0);
   return mcclEngineSubmit(comm, &o, options, request);
 }
@@ -149,11 +146,11 @@ MCCL_API mcclResult_t mcclAllToAllv(const void* sendbuf, const size_t* sendcount
                                     const mcclOpOptions_t* options, mcclRequest_t* request) {
   MCCLCHECK(checkCommon(comm, "mcclAllToAllv", datatype, 0, NULL, NULL));
   if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-    return argError(comm, mcclInvalidArgument, "mcclAllToAllv: count and displacement arrays must not be NULL");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: count and displacement arrays must not be NULL");
   size_t total = 0;
   for (int j = 0; j < comm->nranks; j++) total += sendcounts[j] + recvcounts[j];
   if (total > 0 && (sendbuf == NULL || recvbuf == NULL))
-    return argError(comm, mcclInvalidArgument, "mcclAllToAllv: a buffer is NULL for non-empty counts");
+    return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: a buffer is NULL for non-empty counts");
   mcclOp o = OP(MCCL_COLL_ALLTOALL, sendbuf, recvbuf, 0, datatype, mcclSum, 0);
   const size_t* arrays[4] = {sendcounts, sdispls, recvcounts, rdispls};
   return mcclEngineSubmitV(comm, &o, arrays, options, request);
@@ -173,8 +170,8 @@ static mcclResult_t p2pSubmit(struct mcclComm* comm, const char* fn, mcclCollKin
   MCCLCHECK(checkCommon(comm, fn, datatype, count, buf, buf));
   int any_ok = kind == MCCL_COLL_RECV && peer == MCCL_ANY_SOURCE;
   if (!any_ok && (peer < 0 || peer >= comm->nranks || peer == comm->rank))
-    return argError(comm, mcclInvalidArgument, "%s: peer %d is not another rank of 0..%d", fn, peer, comm->nranks - 1);
-  if (tag < 0) return argError(comm, mcclInvalidArgument, "%s: tag %d is negative", fn, tag);
+    return mcclArgError(comm, mcclInvalidArgument, "%s: peer %d is not another rank of 0..%d", fn, peer, comm->nranks - 1);
+  if (tag < 0) return mcclArgError(comm, mcclInvalidArgument, "%s: tag %d is negative", fn, tag);
   mcclOp o = OP(kind, buf, (void*)buf, count, datatype, mcclSum, peer);
   struct mcclRequest* req = mcclRequestNew(&o, options, comm->timeout_ms);
   if (req == NULL) return mcclSystemError;

@@ -57,6 +57,17 @@ struct mcclP2pState;
 
 void mcclCommRelease(struct mcclComm* comm);
 
+/* Record an argument error for mcclGetLastError(comm) (unless the communicator already failed)
+ * and for the thread; returns `res`. collectives.c. */
+mcclResult_t mcclArgError(struct mcclComm* comm, mcclResult_t res, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Element counts and offsets must address memory: `blocks` blocks of `count` elements of `esz`
+ * bytes fit in PTRDIFF_MAX bytes (this also rejects negative values cast to size_t). */
+static inline int mcclCountFits(size_t count, size_t esz, size_t blocks) {
+  return count <= (size_t)PTRDIFF_MAX / esz / blocks;
+}
+
 struct mcclComm {
   int rank, nranks;
   char name[128];

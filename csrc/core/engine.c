@@ -7,7 +7,6 @@
  * takes it; that number, carried in every frame, is what peers check to know they run the same
  * collective. So no thread scheduling can reorder buckets between ranks.
  */
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -280,27 +279,6 @@ void* mcclEngineMain(void* arg) {
   return NULL;
 }
 
-/* An argument error found at submission: for mcclGetLastError(comm) and the thread. */
-static mcclResult_t submitError(struct mcclComm* comm, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static mcclResult_t submitError(struct mcclComm* comm, const char* fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  mcclSetThreadError("%s", msg);
-  pthread_mutex_lock(&comm->errlock);
-  if (comm->async_error == mcclSuccess) snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", msg);
-  pthread_mutex_unlock(&comm->errlock);
-  return mcclInvalidArgument;
-}
-
-/* Element counts and offsets must address memory: an n-block buffer of `count` elements has to
- * fit in PTRDIFF_MAX bytes (this also rejects negative values cast to size_t). */
-static int countFits(size_t count, size_t esz, size_t blocks) {
-  return count <= (size_t)PTRDIFF_MAX / esz / blocks;
-}
-
 mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const size_t* const arrays[4],
                                const mcclOpOptions_t* options, mcclRequest_t* request) {
   size_t n = (size_t)comm->nranks, esz = mcclDataTypeSize(op->dtype);
@@ -308,8 +286,8 @@ mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const si
   for (int k = 0; k < 4; k += 2)
     for (size_t p = 0; p < n; p++) {
       size_t c = arrays[k][p], d = arrays[k + 1][p];
-      if (!countFits(c, esz, 1) || !countFits(d, esz, 1) || !countFits(c + d, esz, 1))
-        return submitError(comm, "mcclAllToAllv: %s[%zu] = %zu with %s[%zu] = %zu does not address "
+      if (!mcclCountFits(c, esz, 1) || !mcclCountFits(d, esz, 1) || !mcclCountFits(c + d, esz, 1))
+        return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: %s[%zu] = %zu with %s[%zu] = %zu does not address "
                            "memory (a negative value cast to size_t?)", names[k], p, c, names[k + 1], p, d);
     }
   size_t* v = malloc(4 * n * sizeof(size_t));
@@ -354,9 +332,9 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   const char* fn = mcclCollName(op->coll);
   mcclResult_t bad = mcclSuccess;
   if (options && (unsigned)options->algorithm > (unsigned)mcclAlgoTree)
-    bad = submitError(comm, "%s: options.algorithm %d is not an mcclAlgorithm_t value", fn, (int)options->algorithm);
+    bad = mcclArgError(comm, mcclInvalidArgument, "%s: options.algorithm %d is not an mcclAlgorithm_t value", fn, (int)options->algorithm);
   else if (options && options->hold != 0 && options->hold != 1)
-    bad = submitError(comm, "%s: options.hold must be 0 or 1, not %d", fn, options->hold);
+    bad = mcclArgError(comm, mcclInvalidArgument, "%s: options.hold must be 0 or 1, not %d", fn, options->hold);
   if (bad != mcclSuccess) {
     free(v);
     return bad;
@@ -378,7 +356,7 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   if (parent != NULL && (parent->comm != comm || !parent->ordered)) {
     mcclRequestRelease(req);
     mcclRequestRelease(req);
-    return submitError(comm, "%s: options.follows must be a collective request of the same communicator", fn);
+    return mcclArgError(comm, mcclInvalidArgument, "%s: options.follows must be a collective request of the same communicator", fn);
   }
 
   pthread_mutex_lock(&comm->qlock);
