@@ -71,6 +71,43 @@ typedef struct {
 /* Post every io at once (sends and receives run concurrently) and progress until all finished. */
 mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
 
+/* Outputs are written only once the collective is known to match on every rank.
+ *
+ * A rank that writes its output before every other rank's collective has been compared with its
+ * own may corrupt it when a mismatch is found elsewhere (the caller then sees an error and a
+ * half-written tensor). Every algorithm therefore writes user memory only after this rank has
+ * checked, directly or through a chain of ranks each of which checked the previous one before
+ * sending on, a frame header of every other rank (the headers carry kind, dtype, op, count, root
+ * and sequence number, and the transport compares them with its own). Recursive doubling, Bruck's
+ * all-gather, the ring reduce-scatter and the reduce tree have such chains by construction and
+ * keep partial results in scratch until their last round; the rest use one of these two: */
+
+/* Agreement frames carry steps from here up; data frames use small step numbers. */
+#define MCCL_STEP_AGREE 0x40000000u
+
+/* The dissemination pattern (Hensgen, Finkel & Manber, 1988) with empty frames stamped with the
+ * op's header: in round k a rank sends to r + 2^k and, once that round's frame from r - 2^k has
+ * arrived and matched, goes on to round k+1. After ceil(log2 n) rounds every rank's header has
+ * reached every other rank through a chain of checks, so `done` means all ranks issued this
+ * collective. Start it, then call mcclAgreeAdvance after every progress round; it keeps the
+ * posted frames in the struct (which must stay put until done or until the transport is
+ * cancelled). Round 0 uses the links to r + 1 and r - 1, later rounds links no ring uses. */
+typedef struct {
+  int round, rounds;
+  mcclXfer x[2];
+  int done;
+} mcclAgreement;
+void mcclAgreeStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a);
+void mcclAgreeAdvance(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a);
+/* Start and progress until done (for algorithms whose data are already in scratch). */
+mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
+
+/* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly
+ * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link,
+ * and receives into the ios' buffers are posted only once every announcement this rank expects
+ * has arrived and matched. Sends are not held back. */
+mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
+
 /* Fill the header fields every frame of `op` shares. */
 void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length);
 
@@ -88,6 +125,7 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op);
 /* Individual algorithms, exposed so tests and benchmarks can force one. */
 mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+mcclResult_t mcclDoublingAllReduceInScratch(mcclAlgoCtx* ctx, const mcclOp* op); /* recvbuf is ctx->work */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclRingReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op, char* work);
 mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work);
@@ -116,6 +154,9 @@ typedef struct {
   char* final_out;         /* RECV_REDUCE_FINAL writes chunk c here at (chunk_off[c] - final_base)
                               elements, instead of into `out`; NULL: into `out` */
   size_t final_base;
+  int agree;               /* run an mcclAgreement alongside and write `out` only once it is done:
+                              until then every receive lands in staging and waits there */
+  size_t in_base;          /* sends from op->sendbuf read element (chunk offset - in_base) */
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

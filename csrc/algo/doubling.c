@@ -1,9 +1,10 @@
 /*
  * doubling.c: latency-bound algorithms for small messages: recursive-doubling all-reduce
- * (Thakur, Rabenseifner & Gropp, 2005), the binomial-tree broadcast and the dissemination barrier.
- * Each takes ceil(log2 n) rounds, against 2(n-1) for the ring.
+ * (Thakur, Rabenseifner & Gropp, 2005), Bruck's all-gather and the broadcasts built on it, and the
+ * dissemination barrier. Each takes about log2 n rounds, against n-1 or 2(n-1) for the ring.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "algo/algo.h"
@@ -16,16 +17,23 @@ static int unfold(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 
 /* Recursive doubling. With p the largest power of two <= n and rem = n - p, ranks below 2*rem
  * first fold in pairs: the even rank sends its buffer to the odd one and sits out. The p remaining
- * ranks then run log2(p) rounds; in round k a rank swaps its whole buffer with the partner whose
- * virtual rank differs in bit k and both compute (lower's) op (higher's), so they hold the same
- * bits. AVG divides by n in the last round. Finally each odd rank returns the result to its even
- * partner. Bytes per rank: size x (log2 p + 2) at most. */
-mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+ * ranks then run log2(p) rounds; in round k a rank swaps its whole partial result with the partner
+ * whose virtual rank differs in bit k and both compute (lower's) op (higher's), so they hold the
+ * same bits. AVG divides by n in the last round. Finally each odd rank returns the result to its
+ * even partner. Bytes per rank: size x (log2 p + 2) at most.
+ *
+ * Partial results live in `acc` (which may be op->recvbuf only when that is scratch) and reach
+ * op->recvbuf after the last round: a rank finishes its rounds only if every partner's frame
+ * matched and each partner sent it only after its own earlier rounds matched, so by then every
+ * rank has issued the same collective (algo.h, "Outputs are written only once..."). */
+static mcclResult_t doublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* acc) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
-  char* buf = op->recvbuf;
-  if (op->sendbuf != op->recvbuf) memcpy(buf, op->sendbuf, bytes);
-  if (n == 1 || bytes == 0) return mcclSuccess;
+  char* out = op->recvbuf;
+  if (n == 1 || bytes == 0) {
+    if (op->sendbuf != out) memcpy(out, op->sendbuf, bytes);
+    return mcclSuccess;
+  }
   char* tmp = mcclAlgoScratch(ctx, bytes);
   if (tmp == NULL) {
     snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for a %zu-byte operand", bytes);
@@ -39,71 +47,178 @@ mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const uint32_t last_step = (uint32_t)rounds + 1;
 
   int vr;
+  const char* mine = op->sendbuf; /* this rank's current partial result: its input until round 0 */
   if (r < 2 * rem) {
-    if (r % 2 == 0) { /* fold: hand the buffer to r+1, get the result back at the end */
-      mcclPeerIo out = {r + 1, 1, buf, bytes, 0, 0};
-      MCCLCHECK(mcclAlgoExchange(ctx, op, &out, 1));
-      mcclPeerIo back = {r + 1, 0, buf, bytes, 0, last_step};
+    if (r % 2 == 0) { /* fold: hand the input to r+1, get the result back at the end */
+      mcclPeerIo fold = {r + 1, 1, (char*)op->sendbuf, bytes, 0, 0};
+      MCCLCHECK(mcclAlgoExchange(ctx, op, &fold, 1));
+      /* The result comes only from a partner that finished every round: it may land in place. */
+      mcclPeerIo back = {r + 1, 0, out, bytes, 0, last_step};
       return mcclAlgoExchange(ctx, op, &back, 1);
     }
     mcclPeerIo in = {r - 1, 0, tmp, bytes, 0, 0};
     MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
-    mcclReduceKernel(buf, tmp, buf, op->count, op->dtype, op->op, 1);
+    mcclReduceKernel(acc, tmp, mine, op->count, op->dtype, op->op, 1);
+    mine = acc;
     vr = r / 2;
   } else {
     vr = r - rem;
   }
   for (int k = 0; k < rounds; k++) {
     const int pv = vr ^ (1 << k), peer = unfold(pv, rem);
-    mcclPeerIo io[2] = {{peer, 1, buf, bytes, 0, (uint32_t)k + 1},
+    mcclPeerIo io[2] = {{peer, 1, (char*)mine, bytes, 0, (uint32_t)k + 1},
                         {peer, 0, tmp, bytes, 0, (uint32_t)k + 1}};
     MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
     const uint32_t div = k == rounds - 1 ? (uint32_t)n : 1;
-    if (pv < vr) mcclReduceKernel(buf, tmp, buf, op->count, op->dtype, op->op, div);
-    else mcclReduceKernel(buf, buf, tmp, op->count, op->dtype, op->op, div);
+    if (pv < vr) mcclReduceKernel(acc, tmp, mine, op->count, op->dtype, op->op, div);
+    else mcclReduceKernel(acc, mine, tmp, op->count, op->dtype, op->op, div);
+    mine = acc;
   }
+  if (acc != out) memcpy(out, acc, bytes);
   if (r < 2 * rem) { /* odd rank of a folded pair: return the result */
-    mcclPeerIo back = {r - 1, 1, buf, bytes, 0, last_step};
+    mcclPeerIo back = {r - 1, 1, out, bytes, 0, last_step};
     MCCLCHECK(mcclAlgoExchange(ctx, op, &back, 1));
   }
   return mcclSuccess;
 }
 
-/* Binomial tree rooted at `root`: in virtual ranks v = (r - root) mod n, rank v receives from
- * v - 2^k where 2^k is v's lowest set bit, then sends to v + 2^j for every j < k (all at once). */
-static mcclResult_t treeBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
-  const int n = ctx->nranks;
-  const int v = ((ctx->rank - op->root) % n + n) % n;
+mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
+  char* acc = mcclAlgoWork(ctx, bytes);
+  if (acc == NULL && bytes > 0) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for a %zu-byte partial result", bytes);
+    return mcclSystemError;
+  }
+  return doublingAllReduce(ctx, op, acc);
+}
+
+/* The same over a whole buffer that is already scratch (op->recvbuf == ctx->work), for the small
+ * reduce-scatter (rooted.c). */
+mcclResult_t mcclDoublingAllReduceInScratch(mcclAlgoCtx* ctx, const mcclOp* op) {
+  return doublingAllReduce(ctx, op, op->recvbuf);
+}
+
+/* Bruck's all-gather (Bruck et al., 1997) over n blocks that tile a `total`-byte buffer in rank
+ * order: block i is bytes [off[i], off[i] + len[i]); blocks may differ in size, and may be empty.
+ * ceil(log2 n) rounds for any n. Blocks are kept rotated in `work`: the buffer rotated left by
+ * off[r], so position j holds block (r + j) mod n and any run of positions is contiguous. In round
+ * k rank r sends positions [0, c) to r - 2^k and receives positions [2^k, 2^k + c) from r + 2^k,
+ * c = min(2^k, n - 2^k). This rank's block is copied from `own` first (own == NULL: it is in
+ * work already). After the last round the buffer is rotated back into `out` (NULL: not at all):
+ * every rank's header has reached this one through a chain of ranks that each checked the previous
+ * one's frame before sending on (the dissemination argument), so writing `out` is safe then.
+ * Frames of round k carry step first_step + k. */
+static size_t rotated(const size_t* len, int r, int n, int j) {
+  size_t at = 0;
+  for (int i = 0; i < j; i++) at += len[(r + i) % n];
+  return at;
+}
+
+static mcclResult_t bruckRun(mcclAlgoCtx* ctx, const mcclOp* op, const size_t* off, const size_t* len,
+                             size_t total, const char* own, char* work, char* out, uint32_t first_step) {
+  const int n = ctx->nranks, r = ctx->rank;
+  if (own != NULL) memcpy(work, own, len[r]);
+  for (int dist = 1, k = 0; dist < n; dist <<= 1, k++) {
+    const int cnt = dist < n - dist ? dist : n - dist;
+    const size_t at = rotated(len, r, n, dist);
+    const uint32_t step = first_step + (uint32_t)k;
+    mcclPeerIo io[2] = {{(r - dist + n) % n, 1, work, rotated(len, r, n, cnt), 0, step},
+                        {(r + dist) % n, 0, work + at, rotated(len, r, n, dist + cnt) - at, 0, step}};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
+  }
+  if (out != NULL) {
+    memcpy(out + off[r], work, total - off[r]);
+    memcpy(out, work + (total - off[r]), off[r]);
+  }
+  return mcclSuccess;
+}
+
+static mcclResult_t outOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
+  snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes", bytes);
+  return mcclSystemError;
+}
+
+mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks;
+  const size_t blk = op->count * mcclDataTypeSize(op->dtype), total = blk * (size_t)n;
+  char* work = mcclAlgoWork(ctx, total);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  if (work == NULL || geo == NULL) {
+    free(geo);
+    return outOfMemory(ctx, total);
+  }
+  for (int i = 0; i < n; i++) {
+    geo[i] = (size_t)i * blk;
+    geo[n + i] = blk;
+  }
+  mcclResult_t res = bruckRun(ctx, op, geo, geo + n, total, op->sendbuf, work, op->recvbuf, 0);
+  free(geo);
+  return res;
+}
+
+/* Broadcasts below the chain's threshold are Bruck all-gathers of the root's buffer cut into
+ * blocks, so that every rank writes its buffer only after it heard (transitively) from all.
+ * Two layouts, chosen by the alpha-beta model (Hockney) with MCCL_BCAST_ALPHA_BETA, the
+ * latency x bandwidth product of a switched 10 GbE link (~30 us x ~1.1 GB/s):
+ *  - root's block is the whole buffer, the others empty: ceil(log2 n) rounds that each carry the
+ *    buffer, as in a binomial tree: L (alpha + S/beta), L = ceil(log2 n);
+ *  - scatter first: root sends rank i its 1/n of the buffer (root's link carries (n-1)/n of it),
+ *    then the all-gather moves (n-1)/n more: (L + 1) alpha + 2 (n-1)/n S/beta (the
+ *    scatter-allgather broadcast of Barnett, Payne, van de Geijn & Watts, 1994).
+ * The second wins when (L - 2(n-1)/n) S > alpha x beta. */
+#define MCCL_BCAST_ALPHA_BETA (32.0 * 1024)
+
+static mcclResult_t bruckBroadcast(mcclAlgoCtx* ctx, const mcclOp* op, int scatter) {
+  const int n = ctx->nranks, r = ctx->rank, root = op->root;
+  const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
   char* buf = op->recvbuf;
-  int mask = 1, k = 0;
-  while (mask < n) {
-    if (v & mask) {
-      mcclPeerIo in = {(v - mask + op->root) % n, 0, buf, bytes, 0, (uint32_t)k};
-      MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
-      break;
-    }
-    mask <<= 1;
-    k++;
+  char* work = mcclAlgoWork(ctx, bytes);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
+  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
+  mcclResult_t res = mcclSuccess;
+  if (work == NULL || geo == NULL || ios == NULL) {
+    res = outOfMemory(ctx, bytes);
+    goto done;
   }
-  mcclPeerIo outs[32];
-  int nout = 0;
-  for (mask >>= 1, k--; mask > 0; mask >>= 1, k--) {
-    if (v + mask < n) {
-      mcclPeerIo o = {(v + mask + op->root) % n, 1, buf, bytes, 0, (uint32_t)k};
-      outs[nout++] = o;
-    }
+  size_t* off = geo;
+  size_t* len = geo + n;
+  for (int i = 0; i < n; i++) {
+    size_t c = scatter ? op->count / (size_t)n + ((size_t)i < op->count % (size_t)n ? 1 : 0)
+                       : (i == root ? op->count : 0);
+    len[i] = c * esz;
+    off[i] = i == 0 ? 0 : off[i - 1] + len[i - 1];
   }
-  return nout ? mcclAlgoExchange(ctx, op, outs, nout) : mcclSuccess;
+  if (scatter) { /* into work: a non-root's own block is position 0 of its rotated buffer */
+    int nio = 0;
+    if (r == root) {
+      for (int i = 0; i < n; i++)
+        if (i != r) ios[nio++] = (mcclPeerIo){i, 1, buf + off[i], len[i], 0, 0};
+    } else {
+      ios[nio++] = (mcclPeerIo){root, 0, work, len[r], 0, 0};
+    }
+    res = mcclAlgoExchange(ctx, op, ios, nio);
+    if (res != mcclSuccess) goto done;
+  }
+  /* Root's buffer is its input and is never written. */
+  res = bruckRun(ctx, op, off, len, bytes, r == root ? buf + off[r] : NULL, work, r == root ? NULL : buf, 1);
+done:
+  free(geo);
+  free(ios);
+  return res;
 }
 
 mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks;
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
-  if (ctx->nranks == 1 || bytes == 0) return mcclSuccess;
+  if (n == 1 || bytes == 0) return mcclSuccess;
   int chain = op->algorithm == mcclAlgoRing ||
-              (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold && ctx->nranks > 2);
+              (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold && n > 2);
   if (chain) return mcclRingBroadcast(ctx, op);
-  return treeBroadcast(ctx, op);
+  int L = 0;
+  while ((1 << L) < n) L++;
+  int scatter = op->algorithm == mcclAlgoAuto && op->count >= (size_t)n &&
+                ((double)L - 2.0 * (n - 1) / n) * (double)bytes > MCCL_BCAST_ALPHA_BETA;
+  return bruckBroadcast(ctx, op, scatter);
 }
 
 /* Dissemination barrier (Hensgen, Finkel & Manber): in round k every rank sends an empty frame
@@ -116,28 +231,5 @@ mcclResult_t mcclAlgoBarrier(mcclAlgoCtx* ctx, const mcclOp* op) {
                         {(r - dist + n) % n, 0, NULL, 0, 0, (uint32_t)k}};
     MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
   }
-  return mcclSuccess;
-}
-
-/* Bruck's all-gather (Bruck et al., 1997) for small blocks: ceil(log2 n) rounds for any n. Blocks
- * are kept rotated in `work`, where position j holds rank (r + j) mod n's block. In round k rank r
- * sends its first min(2^k, n - 2^k) blocks to r - 2^k and receives as many from r + 2^k into
- * position 2^k; at the end the blocks are rotated into place. */
-mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
-  const int n = ctx->nranks, r = ctx->rank;
-  const size_t blk = op->count * mcclDataTypeSize(op->dtype);
-  char* work = mcclAlgoWork(ctx, blk * (size_t)n);
-  if (work == NULL) {
-    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes", blk * (size_t)n);
-    return mcclSystemError;
-  }
-  memcpy(work, (const char*)op->recvbuf + (size_t)r * blk, blk);
-  for (int dist = 1, k = 0; dist < n; dist <<= 1, k++) {
-    size_t cnt = (size_t)(dist < n - dist ? dist : n - dist);
-    mcclPeerIo io[2] = {{(r - dist + n) % n, 1, work, cnt * blk, 0, (uint32_t)k},
-                        {(r + dist) % n, 0, work + (size_t)dist * blk, cnt * blk, 0, (uint32_t)k}};
-    MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
-  }
-  for (int j = 0; j < n; j++) memcpy((char*)op->recvbuf + (size_t)((r + j) % n) * blk, work + (size_t)j * blk, blk);
   return mcclSuccess;
 }

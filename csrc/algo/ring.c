@@ -61,8 +61,15 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
   const char* in = op->sendbuf;
   char* out = p->out;
 
+  /* Agreement frames go first on the links they share with the ring (to r+1, from r-1), so both
+   * ends of every link post in the same order. */
+  mcclAgreement agr;
+  if (p->agree) mcclAgreeStart(ctx, op, &agr);
+  else agr.done = 1;
+
   mcclXfer sx[64], rx[64];
-  size_t runit[64]; /* the unit each posted receive slot holds */
+  size_t runit[64];   /* the unit each posted receive slot holds */
+  uint8_t staged[64]; /* that receive lands in staging (reductions, and copies before agreement) */
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
 
@@ -77,7 +84,8 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       mcclXfer* x = &rx[slot];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
-      x->buf = p->recv_mode[t] == MCCL_RECV_COPY ? out + s.off * esz : staging + slot * per_max * esz;
+      staged[slot] = p->recv_mode[t] != MCCL_RECV_COPY || !agr.done;
+      x->buf = staged[slot] ? staging + slot * per_max * esz : out + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostRecv(ctx->tp, p->recv_peer, x);
       runit[slot] = ru;
@@ -100,21 +108,24 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       mcclXfer* x = &sx[slot];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
-      x->buf = (char*)(p->send_from_input[t] ? in : out) + s.off * esz;
+      x->buf = p->send_from_input[t] ? (char*)in + (s.off - p->in_base) * esz : out + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostSend(ctx->tp, p->send_peer, x);
       s_posted++;
       su++;
     }
-    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted) break;
+    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted && agr.done) break;
 
     MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
+    if (!agr.done) mcclAgreeAdvance(ctx, op, &agr);
 
     while (s_done < s_posted && sx[s_done % (size_t)depth].complete) s_done++;
-    while (r_done < r_posted && rx[r_done % (size_t)depth].complete) {
+    while (agr.done && r_done < r_posted && rx[r_done % (size_t)depth].complete) {
       size_t slot = r_done % (size_t)depth;
       int t = (int)(runit[slot] / nseg);
-      if (p->recv_mode[t] != MCCL_RECV_COPY) {
+      if (p->recv_mode[t] == MCCL_RECV_COPY) {
+        if (staged[slot]) memcpy(out + rx[slot].frame.offset, rx[slot].buf, rx[slot].bytes);
+      } else {
         /* recvbuf chunk = (this rank's input) op (what arrived); each chunk is reduced once per
          * rank, so the input is still the rank's own contribution. */
         mcclSeg s = segmentOf(p, p->recv_chunk[t], nseg, runit[slot] % nseg);
@@ -167,8 +178,10 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     from_input[t] = t == 0;
   }
   splitEven(op->count, n, geo, geo + n);
+  /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
+   * left neighbour: an agreement runs alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
@@ -179,7 +192,9 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
 /* Reduce-scatter: the first half of the all-reduce ring, shifted by one so that rank r ends with
  * chunk r: at step t (0..n-2) it sends chunk (r - t - 1) mod n and receives chunk (r - t - 2) mod n.
  * Partial sums live in `work` (the input's size); the final step writes chunk r to `final_out`
- * at element (chunk_off[r] - final_base). The input is never written. */
+ * at element (chunk_off[r] - final_base). The input is never written. No agreement is needed:
+ * segment j of the final step arrives through a chain of n-1 ranks, each of which checked the
+ * frame before it forwarded segment j, so by then every rank's header has been checked. */
 static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, char* work,
                                             const size_t* off, const size_t* len, char* final_out,
                                             size_t final_base) {
@@ -253,14 +268,17 @@ mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work) {
   return res;
 }
 
-/* All-gather: the all-gather half of the ring above, over n equal blocks. The rank's own block
- * is first copied into place, so every send reads recvbuf. */
+/* All-gather: the all-gather half of the ring above, over n equal blocks. Step 0 sends the own
+ * block from the input; later steps forward what arrived, from recvbuf. Receives wait for an
+ * agreement run alongside, and the own block is copied into place at the end. */
 mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype);
   char* own = (char*)op->recvbuf + (size_t)r * op->count * esz;
-  if (op->sendbuf != own) memmove(own, op->sendbuf, op->count * esz);
-  if (n == 1 || op->count == 0) return mcclSuccess;
+  if (n == 1 || op->count == 0) {
+    if (op->sendbuf != own) memmove(own, op->sendbuf, op->count * esz);
+    return mcclSuccess;
+  }
   const size_t total = op->count * esz * (size_t)n;
   if (op->algorithm == mcclAlgoTree || (op->algorithm == mcclAlgoAuto && total < ctx->ring_threshold))
     return mcclBruckAllGather(ctx, op);
@@ -277,15 +295,16 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     chunks[t] = mod(r - t, n);
     chunks[nsteps + t] = mod(r - t - 1, n);
   }
+  flags[nsteps] = 1; /* step 0 sends the own block from the input */
   for (int c = 0; c < n; c++) {
     geo[c] = (size_t)c * op->count;
     geo[n + c] = op->count;
   }
-  mcclOp whole = *op; /* frames carry byte offsets into the whole output */
-  whole.sendbuf = op->recvbuf;
+  /* Frames carry byte offsets into the whole output. */
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
-                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0};
-  mcclResult_t res = mcclRingRun(ctx, &whole, &plan);
+                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r]};
+  mcclResult_t res = mcclRingRun(ctx, op, &plan);
+  if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
   free(chunks);
   free(flags);
   free(geo);
@@ -303,6 +322,6 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mod(r + 1, n), mod(r - 1, n), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -56,12 +56,17 @@ mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     if (op->recvbuf != op->sendbuf) memcpy(op->recvbuf, op->sendbuf, bytes);
     return mcclSuccess;
   }
+  mcclResult_t res;
   if (useRing(ctx, op, bytes) && op->count >= (size_t)ctx->nranks) {
     char* work = mcclAlgoWork(ctx, bytes);
     if (work == NULL) return outOfMemory(ctx, bytes);
-    return mcclRingReduce(ctx, op, work);
+    res = mcclRingReduce(ctx, op, work);
+  } else {
+    res = treeReduce(ctx, op);
   }
-  return treeReduce(ctx, op);
+  /* Root heard from every rank; the others only sent, and without an agreement a rank could return
+   * success from a collective that root then finds mismatched. */
+  return res == mcclSuccess ? mcclAgree(ctx, op) : res;
 }
 
 /* Small reduce-scatters run recursive doubling over a copy of the whole input, then keep their
@@ -81,32 +86,50 @@ mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
   mcclOp whole = *op;
   whole.recvbuf = work;
   whole.count = op->count * (size_t)n;
-  MCCLCHECK(mcclDoublingAllReduce(ctx, &whole));
+  MCCLCHECK(mcclDoublingAllReduceInScratch(ctx, &whole));
   memcpy(op->recvbuf, work + (size_t)ctx->rank * blk, blk);
   return mcclSuccess;
 }
 
 /* Gather and scatter are linear and mirror images: every block crosses root's link exactly once,
  * which is the bound for any algorithm, and root posts all n-1 transfers at once. `blocks` is
- * root's array of n blocks, `own` each rank's single block; gather moves own -> blocks. */
+ * root's array of n blocks, `own` each rank's single block; gather moves own -> blocks.
+ * Outputs are written once the collective matches everywhere (algo.h): gather's root hears from
+ * every rank directly, so announcements suffice for its writes; a scatter's receiver hears only
+ * from root, so it receives into scratch and runs an agreement before it writes. Both end with an
+ * agreement, so that a rank that only sent cannot succeed where root finds a mismatch. */
 static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t blk = op->count * mcclDataTypeSize(op->dtype);
   char* blocks = gather ? op->recvbuf : (char*)op->sendbuf;
   char* own = gather ? (char*)op->sendbuf : op->recvbuf;
-  if (r != op->root) {
-    mcclPeerIo io = {op->root, gather, own, blk, 0, 0};
-    return blk ? mcclAlgoExchange(ctx, op, &io, 1) : mcclSuccess;
-  }
   char* mine = blocks + (size_t)r * blk;
-  if (mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
-  if (n == 1 || blk == 0) return mcclSuccess;
+  if (n == 1 || blk == 0) {
+    if (r == op->root && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
+    return mcclSuccess;
+  }
+  if (r != op->root) {
+    if (gather) { /* then agree, as a reduce does (mcclAlgoReduce) */
+      mcclPeerIo io = {op->root, 1, own, blk, 0, 0};
+      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1));
+      return mcclAgree(ctx, op);
+    }
+    char* tmp = mcclAlgoScratch(ctx, blk);
+    if (tmp == NULL) return outOfMemory(ctx, blk);
+    mcclPeerIo io = {op->root, 0, tmp, blk, 0, 0};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, &io, 1));
+    MCCLCHECK(mcclAgree(ctx, op));
+    memcpy(own, tmp, blk);
+    return mcclSuccess;
+  }
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
   if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
   int nio = 0;
   for (int p = 0; p < n; p++)
     if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
-  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
+  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio) : mcclAlgoExchange(ctx, op, ios, nio);
+  if (res == mcclSuccess) res = mcclAgree(ctx, op);
+  if (res == mcclSuccess && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
   free(ios);
   return res;
 }
@@ -114,9 +137,10 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
 mcclResult_t mcclAlgoGather(mcclAlgoCtx* ctx, const mcclOp* op) { return linearRooted(ctx, op, 1); }
 mcclResult_t mcclAlgoScatter(mcclAlgoCtx* ctx, const mcclOp* op) { return linearRooted(ctx, op, 0); }
 
-/* All-to-all: the own block is copied; every other pair exchanges its blocks over its own
- * connection, all posted at once (each connection carries one block each way). op->v, when set,
- * holds sendcounts, sdispls, recvcounts and rdispls; otherwise blocks are op->count elements. */
+/* All-to-all: every pair exchanges its blocks over its own connection, all posted at once (each
+ * connection carries one block each way), after announcements (every rank hears from every other
+ * before it writes), and the own block is copied last. op->v, when set, holds sendcounts,
+ * sdispls, recvcounts and rdispls; otherwise blocks are op->count elements. */
 mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype);
@@ -130,8 +154,13 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
              "alltoall: rank %d sends itself %zu elements but expects %zu", r, SCOUNT(r), RCOUNT(r));
     return mcclMismatch;
   }
-  memmove((char*)op->recvbuf + RDISPL(r) * esz, (const char*)op->sendbuf + SDISPL(r) * esz, SCOUNT(r) * esz);
-  if (n == 1) return mcclSuccess;
+  char* own_out = (char*)op->recvbuf + RDISPL(r) * esz;
+  const char* own_in = (const char*)op->sendbuf + SDISPL(r) * esz;
+  const size_t own_bytes = SCOUNT(r) * esz;
+  if (n == 1) {
+    memmove(own_out, own_in, own_bytes);
+    return mcclSuccess;
+  }
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n * 2);
   if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n * 2);
   int nio = 0;
@@ -145,7 +174,8 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
 #undef SDISPL
 #undef RCOUNT
 #undef RDISPL
-  mcclResult_t res = mcclAlgoExchange(ctx, op, ios, nio);
+  mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio);
+  if (res == mcclSuccess) memmove(own_out, own_in, own_bytes);
   free(ios);
   return res;
 }

@@ -34,43 +34,121 @@ void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset,
   f->length = (uint32_t)length;
 }
 
+static size_t framesOf(const mcclAlgoCtx* ctx, const mcclPeerIo* io) {
+  return io->bytes == 0 ? 1 : (io->bytes + ctx->segment_bytes - 1) / ctx->segment_bytes;
+}
+
+/* Frames carry op->count, except all-to-all frames: the pair's own element count. */
+static void ioFrame(const mcclOp* op, const mcclPeerIo* io, mcclFrame* f, uint32_t step, size_t off, size_t len) {
+  mcclAlgoFrame(op, f, step, io->offset + off, len);
+  if (op->coll == MCCL_COLL_ALLTOALL) f->count = io->bytes / mcclDataTypeSize(op->dtype);
+}
+
+/* Post io's frames into xs; returns how many. */
+static size_t postIo(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* io, mcclXfer* xs) {
+  size_t seg = ctx->segment_bytes, off = 0, k = 0;
+  do {
+    size_t len = io->bytes - off < seg ? io->bytes - off : seg;
+    mcclXfer* x = &xs[k++];
+    memset(x, 0, sizeof(*x));
+    ioFrame(op, io, &x->frame, io->step, off, len);
+    x->buf = io->buf + off;
+    x->bytes = len;
+    if (io->is_send) mcclTransportPostSend(ctx->tp, io->peer, x);
+    else mcclTransportPostRecv(ctx->tp, io->peer, x);
+    off += len;
+  } while (off < io->bytes);
+  return k;
+}
+
+/* Progress until xs[0..n) are all complete. */
+static mcclResult_t waitAll(mcclAlgoCtx* ctx, const mcclOp* op, const mcclXfer* xs, size_t n) {
+  for (size_t first = 0;;) {
+    while (first < n && xs[first].complete) first++;
+    if (first == n) return mcclSuccess;
+    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
+  }
+}
+
+static mcclXfer* xferArray(mcclAlgoCtx* ctx, size_t n, mcclXfer* stack, size_t stack_n) {
+  mcclXfer* xs = n <= stack_n ? stack : malloc(n * sizeof(mcclXfer));
+  if (xs == NULL) snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", n);
+  return xs;
+}
+
 mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
-  size_t seg = ctx->segment_bytes;
   size_t nframes = 0;
-  for (int i = 0; i < nios; i++) nframes += ios[i].bytes == 0 ? 1 : (ios[i].bytes + seg - 1) / seg;
+  for (int i = 0; i < nios; i++) nframes += framesOf(ctx, &ios[i]);
   mcclXfer stack_xfers[16];
-  mcclXfer* xs = nframes <= 16 ? stack_xfers : malloc(nframes * sizeof(mcclXfer));
-  if (xs == NULL) {
-    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", nframes);
-    return mcclSystemError;
-  }
+  mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
+  if (xs == NULL) return mcclSystemError;
   size_t k = 0;
+  for (int i = 0; i < nios; i++) k += postIo(ctx, op, &ios[i], xs + k);
+  mcclResult_t res = waitAll(ctx, op, xs, nframes);
+  if (xs != stack_xfers) free(xs);
+  return res;
+}
+
+mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
+  size_t nframes = (size_t)nios;
+  for (int i = 0; i < nios; i++) nframes += framesOf(ctx, &ios[i]);
+  mcclXfer stack_xfers[16];
+  mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
+  if (xs == NULL) return mcclSystemError;
+  /* Every link carries its announcements first, then its data, in io order on both ends. */
   for (int i = 0; i < nios; i++) {
-    const mcclPeerIo* io = &ios[i];
-    size_t off = 0;
-    do {
-      size_t len = io->bytes - off < seg ? io->bytes - off : seg;
-      mcclXfer* x = &xs[k++];
-      memset(x, 0, sizeof(*x));
-      mcclAlgoFrame(op, &x->frame, io->step, io->offset + off, len);
-      if (op->coll == MCCL_COLL_ALLTOALL) x->frame.count = io->bytes / mcclDataTypeSize(op->dtype);
-      x->buf = io->buf + off;
-      x->bytes = len;
-      if (io->is_send) mcclTransportPostSend(ctx->tp, io->peer, x);
-      else mcclTransportPostRecv(ctx->tp, io->peer, x);
-      off += len;
-    } while (off < io->bytes);
+    mcclXfer* x = &xs[i];
+    memset(x, 0, sizeof(*x));
+    ioFrame(op, &ios[i], &x->frame, MCCL_STEP_AGREE, 0, 0);
+    x->frame.offset = 0;
+    if (ios[i].is_send) mcclTransportPostSend(ctx->tp, ios[i].peer, x);
+    else mcclTransportPostRecv(ctx->tp, ios[i].peer, x);
   }
-  mcclResult_t res = mcclSuccess;
-  size_t first_pending = 0;
-  for (;;) {
-    while (first_pending < nframes && xs[first_pending].complete) first_pending++;
-    if (first_pending == nframes) break;
-    res = mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag);
-    if (res != mcclSuccess) break;
+  size_t k = (size_t)nios;
+  for (int i = 0; i < nios; i++)
+    if (ios[i].is_send) k += postIo(ctx, op, &ios[i], xs + k);
+  mcclResult_t res = waitAll(ctx, op, xs, (size_t)nios); /* every peer's header has matched */
+  if (res == mcclSuccess) {
+    for (int i = 0; i < nios; i++)
+      if (!ios[i].is_send) k += postIo(ctx, op, &ios[i], xs + k);
+    res = waitAll(ctx, op, xs, nframes);
   }
   if (xs != stack_xfers) free(xs);
   return res;
+}
+
+static void agreePost(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
+  const int n = ctx->nranks, dist = 1 << a->round;
+  memset(a->x, 0, sizeof(a->x));
+  mcclAlgoFrame(op, &a->x[0].frame, MCCL_STEP_AGREE + (uint32_t)a->round, 0, 0);
+  mcclAlgoFrame(op, &a->x[1].frame, MCCL_STEP_AGREE + (uint32_t)a->round, 0, 0);
+  mcclTransportPostSend(ctx->tp, (ctx->rank + dist) % n, &a->x[0]);
+  mcclTransportPostRecv(ctx->tp, (ctx->rank - dist % n + n) % n, &a->x[1]);
+}
+
+void mcclAgreeStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
+  memset(a, 0, sizeof(*a));
+  while ((1 << a->rounds) < ctx->nranks) a->rounds++;
+  if (a->rounds == 0) a->done = 1;
+  else agreePost(ctx, op, a);
+}
+
+void mcclAgreeAdvance(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
+  /* Round k+1 leaves only after round k's frame arrived: that is what makes the chain. */
+  while (!a->done && a->x[0].complete && a->x[1].complete) {
+    if (++a->round == a->rounds) a->done = 1;
+    else agreePost(ctx, op, a);
+  }
+}
+
+mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op) {
+  mcclAgreement a;
+  mcclAgreeStart(ctx, op, &a);
+  while (!a.done) {
+    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
+    mcclAgreeAdvance(ctx, op, &a);
+  }
+  return mcclSuccess;
 }
 
 mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {

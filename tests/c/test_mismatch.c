@@ -1,0 +1,125 @@
+/*
+ * test_mismatch.c: a mismatched collective fails on every rank and leaves every output untouched.
+ *
+ * One rank (the odd one) issues a collective that differs from the others' in count, or in kind.
+ * Every collective, at sizes that select each algorithm (recursive doubling / Bruck / trees, the
+ * scatter-allgather broadcast, rings and the chain), on 3, 4 and 8 ranks (folded doubling, a
+ * power of two, a larger one), with the odd rank in the middle and at rank 0 (a root):
+ *  - every rank's call fails, and its message says "mismatch";
+ *  - no rank's output changed: outputs start as a sentinel (or, in place, as the input) and are
+ *    compared byte for byte afterwards;
+ *  - inputs are untouched as well.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+enum { AR, BCAST, AG, RS, REDUCE, GATHER, SCATTER, A2A, NKINDS };
+static const char* kind_names[NKINDS] = {"allreduce", "broadcast", "allgather", "reducescatter",
+                                         "reduce", "gather", "scatter", "alltoall"};
+
+typedef struct {
+  int kind, odd_kind; /* odd_kind: what the odd rank issues instead (== kind: a count mismatch) */
+  size_t count;       /* elements: per-rank block for AG/RS/GATHER/SCATTER/A2A, else the buffer */
+  int odd;            /* the rank that differs */
+  mcclAlgorithm_t algo;
+} mismatchCase;
+
+/* Elements of the input and output buffers of `kind` with per-rank count `c` on n ranks. */
+static size_t inElems(int kind, size_t c, int n) {
+  return (kind == RS || kind == SCATTER || kind == A2A) ? c * (size_t)n : c;
+}
+static size_t outElems(int kind, size_t c, int n) {
+  return (kind == AG || kind == GATHER || kind == A2A) ? c * (size_t)n : c;
+}
+
+static mcclResult_t issue(int kind, const int32_t* in, int32_t* out, size_t c, mcclComm_t comm,
+                          const mcclOpOptions_t* o) {
+  switch (kind) {
+    case AR: return mcclAllReduce(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
+    case BCAST: return mcclBroadcast(out, c, mcclInt32, 0, comm, o, NULL);
+    case AG: return mcclAllGather(in, out, c, mcclInt32, comm, o, NULL);
+    case RS: return mcclReduceScatter(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
+    case REDUCE: return mcclReduce(in, out, c, mcclInt32, mcclSum, 0, comm, o, NULL);
+    case GATHER: return mcclGather(in, out, c, mcclInt32, 0, comm, o, NULL);
+    case SCATTER: return mcclScatter(in, out, c, mcclInt32, 0, comm, o, NULL);
+    default: return mcclAllToAll(in, out, c, mcclInt32, comm, o, NULL);
+  }
+}
+
+static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
+  const mismatchCase* mc = arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  const int odd = r == mc->odd;
+  const int kind = odd ? mc->odd_kind : mc->kind;
+  const size_t c = odd && mc->odd_kind == mc->kind ? mc->count + 1 : mc->count;
+  const size_t nin = inElems(kind, c, n), nout = outElems(kind, c, n);
+  int32_t* in = malloc(nin * sizeof(int32_t) + 1);
+  int32_t* out = malloc(nout * sizeof(int32_t) + 1);
+  for (size_t i = 0; i < nin; i++) in[i] = (int32_t)(r + 1 + (int)(i % 7));
+  /* A broadcast's buffer is root's input (rank 0 here); every other output starts as a sentinel. */
+  if (kind == BCAST && r == 0) for (size_t i = 0; i < nout; i++) out[i] = (int32_t)(i % 11);
+  else memset(out, 0x5a, nout * sizeof(int32_t));
+  int32_t* in0 = malloc(nin * sizeof(int32_t) + 1);
+  int32_t* out0 = malloc(nout * sizeof(int32_t) + 1);
+  memcpy(in0, in, nin * sizeof(int32_t));
+  memcpy(out0, out, nout * sizeof(int32_t));
+  mcclOpOptions_t o;
+  memset(&o, 0, sizeof(o));
+  o.algorithm = mc->algo;
+  o.timeout_ms = 10000;
+  mcclResult_t res = issue(kind, in, out, c, comm, &o);
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res != mcclSuccess, "%s x %s, count %zu, %d ranks, odd rank %d: rank %d succeeded",
+         kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, mc->odd, r);
+  EXPECT(res == mcclSuccess || strstr(msg, "mismatch") != NULL, "%s x %s, count %zu, %d ranks: rank %d: '%s'",
+         kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, r, msg);
+  EXPECT(memcmp(out, out0, nout * sizeof(int32_t)) == 0,
+         "%s x %s, count %zu, algorithm %d, %d ranks, odd rank %d: rank %d's output was written",
+         kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, (int)mc->algo, n, mc->odd, r);
+  EXPECT(memcmp(in, in0, nin * sizeof(int32_t)) == 0, "%s: rank %d's input was written", kind_names[kind], r);
+  mcclCommDestroy(comm);
+  free(in);
+  free(out);
+  free(in0);
+  free(out0);
+  return 0;
+}
+
+int main(void) {
+  const int worlds[] = {3, 4, 8};
+  /* Small (doubling, Bruck, trees, root-only broadcast), medium (scatter-allgather broadcast;
+   * rings for all-gather and reduce-scatter at 8 ranks) and large (rings, the chain). */
+  const size_t counts[] = {100, 12000, 70000};
+  const mcclAlgorithm_t algos[] = {mcclAlgoAuto, mcclAlgoRing, mcclAlgoTree};
+  int cases = 0, before = harness_failures;
+  for (int w = 0; w < 3; w++) {
+    const int n = worlds[w];
+    for (int k = 0; k < NKINDS; k++) {
+      for (int s = 0; s < 3; s++) {
+        mismatchCase mc = {k, k, counts[s], w == 2 ? 0 : n / 2, mcclAlgoAuto};
+        harnessRunRanks(n, 60, mismatchUntouched, &mc);
+        cases++;
+      }
+      for (int a = 1; a < 3; a++) { /* each algorithm forced where there are two */
+        mismatchCase mc = {k, k, counts[1], n - 1, algos[a]};
+        harnessRunRanks(n, 60, mismatchUntouched, &mc);
+        cases++;
+      }
+    }
+    /* The odd rank issues another kind with the same output size (all-gather of count/n), or the
+     * same per-rank count. */
+    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto},      {AR, BCAST, 70000, 1, mcclAlgoAuto},
+                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto},   {AG, RS, 100, 0, mcclAlgoAuto},
+                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto},
+                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto}};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+      harnessRunRanks(n, 60, mismatchUntouched, (void*)&kinds[i]);
+      cases++;
+    }
+  }
+  printf("mismatched collectives: %d cases, %s\n", cases, harness_failures == before ? "ok" : "FAILED");
+  return harnessExit("test_mismatch");
+}
