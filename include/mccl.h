@@ -210,7 +210,7 @@ typedef struct mcclHandoff {
 typedef enum {
   mcclAlgoAuto = 0, /* by size: MCCL_RING_THRESHOLD bytes and up take the ring */
   mcclAlgoRing = 1, /* pipelined ring (all-reduce, all-gather) or chain (broadcast) */
-  mcclAlgoTree = 2  /* recursive doubling (all-reduce) or binomial tree (broadcast) */
+  mcclAlgoTree = 2  /* recursive doubling (all-reduce) or a log-depth broadcast (Bruck) */
 } mcclAlgorithm_t;
 
 /* Per-call options; pass NULL for the defaults. Zero-initialise, then set what you need. */
@@ -283,6 +283,11 @@ MCCL_API void mcclRequestFree(mcclRequest_t request);
  * result is bitwise identical. Errors before any byte moves: mcclInvalidArgument for a bad
  * dtype/op/root/pointer, mcclUnsupported for an op the dtype lacks; later errors (peer lost,
  * timeout, mismatch) come from mcclWait and also fail the communicator.
+ *
+ * Mismatches: a collective succeeds on a rank only if every rank issued the same one (kind,
+ * count, dtype, op, root). When one rank's differs, every rank fails with mcclMismatch or
+ * mcclRemoteError naming the mismatch, and no rank's output (nor input) has changed: outputs are
+ * written only once the collective is known to match everywhere (docs/algorithms.md).
  * ------------------------------------------------------------------------------------------- */
 
 /* recvbuf[i] = op over ranks of sendbuf[i], i < count. In place allowed. Uses recursive doubling
@@ -292,7 +297,8 @@ MCCL_API mcclResult_t mcclAllReduce(const void* sendbuf, void* recvbuf, size_t c
                                     const mcclOpOptions_t* options, mcclRequest_t* request);
 
 /* Copy `count` elements from `root`'s buffer into every rank's buffer (in place: the buffer is
- * read on root and written elsewhere). Binomial tree below the threshold, pipelined chain above. */
+ * read on root and written elsewhere). Below the threshold a Bruck all-gather of root's buffer
+ * (scattered first when that is faster), pipelined chain above. */
 MCCL_API mcclResult_t mcclBroadcast(void* buffer, size_t count, mcclDataType_t datatype, int root,
                                     mcclComm_t comm, const mcclOpOptions_t* options,
                                     mcclRequest_t* request);
