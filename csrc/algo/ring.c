@@ -213,7 +213,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);

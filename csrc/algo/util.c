@@ -1,4 +1,5 @@
 /* util.c: what every algorithm shares: scratch, frame headers, and the point-to-point exchange. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -71,7 +72,7 @@ static mcclResult_t waitAll(mcclAlgoCtx* ctx, const mcclOp* op, const mcclXfer* 
 }
 
 static mcclXfer* xferArray(mcclAlgoCtx* ctx, size_t n, mcclXfer* stack, size_t stack_n) {
-  mcclXfer* xs = n <= stack_n ? stack : malloc(n * sizeof(mcclXfer));
+  mcclXfer* xs = n <= stack_n ? stack : (n > SIZE_MAX / sizeof(mcclXfer) ? NULL : malloc(n * sizeof(mcclXfer)));
   if (xs == NULL) snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", n);
   return xs;
 }
