@@ -85,22 +85,25 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
 /* Agreement frames carry steps from here up; data frames use small step numbers. */
 #define MCCL_STEP_AGREE 0x40000000u
 
-/* The dissemination pattern (Hensgen, Finkel & Manber, 1988) with empty frames stamped with the
- * op's header: in round k a rank sends to r + 2^k and, once that round's frame from r - 2^k has
- * arrived and matched, goes on to round k+1. After ceil(log2 n) rounds every rank's header has
- * reached every other rank through a chain of checks, so `done` means all ranks issued this
- * collective. Start it, then call mcclAgreeAdvance after every progress round; it keeps the
- * posted frames in the struct (which must stay put until done or until the transport is
- * cancelled). Round 0 uses the links to r + 1 and r - 1, later rounds links no ring uses. */
-typedef struct {
-  int round, rounds;
-  mcclXfer x[2];
-  int done;
-} mcclAgreement;
-void mcclAgreeStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a);
-void mcclAgreeAdvance(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a);
-/* Start and progress until done (for algorithms whose data are already in scratch). */
+/* For algorithms whose data are already in scratch: the dissemination pattern (Hensgen, Finkel
+ * & Manber, 1988) with empty frames stamped with the op's header. In round k a rank sends to
+ * r + 2^k and, once that round's frame from r - 2^k has arrived and matched, goes on to round k+1.
+ * After ceil(log2 n) rounds every rank's header has reached every other rank through a chain of
+ * checks: all ranks issued this collective. Posted after the data, so it never reorders a link. */
 mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
+
+/* For rings that write early: one round in which every rank sends an empty frame with the op's
+ * header to every other rank and receives one from each, posted before any data so that every
+ * link carries them first on both ends. `done` once every peer's announcement matched: from then
+ * on this rank may write its output. One hop of latency instead of ceil(log2 n), for 2(n-1)
+ * empty frames per rank. `enabled` 0: done at once, nothing posted. */
+typedef struct {
+  mcclXfer* x;    /* 2(n-1) transfers: sends, then receives */
+  int n, first_pending, done;
+} mcclAnnouncement;
+mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled);
+void mcclAnnounceCheck(mcclAnnouncement* a);  /* after each progress round: updates `done` */
+void mcclAnnounceEnd(mcclAnnouncement* a);    /* frees it (after done, or after an error) */
 
 /* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly
  * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link,
@@ -154,8 +157,8 @@ typedef struct {
   char* final_out;         /* RECV_REDUCE_FINAL writes chunk c here at (chunk_off[c] - final_base)
                               elements, instead of into `out`; NULL: into `out` */
   size_t final_base;
-  int agree;               /* run an mcclAgreement alongside and write `out` only once it is done:
-                              until then every receive lands in staging and waits there */
+  int agree;               /* run an mcclAnnouncement alongside and write `out` only once it is
+                              done: until then every receive lands in staging and waits there */
   size_t in_base;          /* sends from op->sendbuf read element (chunk offset - in_base) */
 } mcclRingPlan;
 

@@ -61,11 +61,9 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
   const char* in = op->sendbuf;
   char* out = p->out;
 
-  /* Agreement frames go first on the links they share with the ring (to r+1, from r-1), so both
-   * ends of every link post in the same order. */
-  mcclAgreement agr;
-  if (p->agree) mcclAgreeStart(ctx, op, &agr);
-  else agr.done = 1;
+  /* Announcements go first on every link, so both ends of every link post in the same order. */
+  mcclAnnouncement ann;
+  MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, p->agree));
 
   mcclXfer sx[64], rx[64];
   size_t runit[64];   /* the unit each posted receive slot holds */
@@ -84,7 +82,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       mcclXfer* x = &rx[slot];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
-      staged[slot] = p->recv_mode[t] != MCCL_RECV_COPY || !agr.done;
+      staged[slot] = p->recv_mode[t] != MCCL_RECV_COPY || !ann.done;
       x->buf = staged[slot] ? staging + slot * per_max * esz : out + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostRecv(ctx->tp, p->recv_peer, x);
@@ -114,13 +112,17 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       s_posted++;
       su++;
     }
-    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted && agr.done) break;
+    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted && ann.done) break;
 
-    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
-    if (!agr.done) mcclAgreeAdvance(ctx, op, &agr);
+    mcclResult_t res = mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag);
+    if (res != mcclSuccess) {
+      mcclAnnounceEnd(&ann);
+      return res;
+    }
+    mcclAnnounceCheck(&ann);
 
     while (s_done < s_posted && sx[s_done % (size_t)depth].complete) s_done++;
-    while (agr.done && r_done < r_posted && rx[r_done % (size_t)depth].complete) {
+    while (ann.done && r_done < r_posted && rx[r_done % (size_t)depth].complete) {
       size_t slot = r_done % (size_t)depth;
       int t = (int)(runit[slot] / nseg);
       if (p->recv_mode[t] == MCCL_RECV_COPY) {
@@ -137,6 +139,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       r_done++;
     }
   }
+  mcclAnnounceEnd(&ann);
   return mcclSuccess;
 }
 
@@ -179,7 +182,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   }
   splitEven(op->count, n, geo, geo + n);
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
-   * left neighbour: an agreement runs alongside. */
+   * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
                        recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
@@ -269,8 +272,8 @@ mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work) {
 }
 
 /* All-gather: the all-gather half of the ring above, over n equal blocks. Step 0 sends the own
- * block from the input; later steps forward what arrived, from recvbuf. Receives wait for an
- * agreement run alongside, and the own block is copied into place at the end. */
+ * block from the input; later steps forward what arrived, from recvbuf. Receives wait for the
+ * announcements run alongside, and the own block is copied into place at the end. */
 mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype);

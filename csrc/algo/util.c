@@ -118,38 +118,52 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
   return res;
 }
 
-static void agreePost(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
-  const int n = ctx->nranks, dist = 1 << a->round;
-  memset(a->x, 0, sizeof(a->x));
-  mcclAlgoFrame(op, &a->x[0].frame, MCCL_STEP_AGREE + (uint32_t)a->round, 0, 0);
-  mcclAlgoFrame(op, &a->x[1].frame, MCCL_STEP_AGREE + (uint32_t)a->round, 0, 0);
-  mcclTransportPostSend(ctx->tp, (ctx->rank + dist) % n, &a->x[0]);
-  mcclTransportPostRecv(ctx->tp, (ctx->rank - dist % n + n) % n, &a->x[1]);
-}
-
-void mcclAgreeStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
-  memset(a, 0, sizeof(*a));
-  while ((1 << a->rounds) < ctx->nranks) a->rounds++;
-  if (a->rounds == 0) a->done = 1;
-  else agreePost(ctx, op, a);
-}
-
-void mcclAgreeAdvance(mcclAlgoCtx* ctx, const mcclOp* op, mcclAgreement* a) {
-  /* Round k+1 leaves only after round k's frame arrived: that is what makes the chain. */
-  while (!a->done && a->x[0].complete && a->x[1].complete) {
-    if (++a->round == a->rounds) a->done = 1;
-    else agreePost(ctx, op, a);
-  }
-}
-
 mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op) {
-  mcclAgreement a;
-  mcclAgreeStart(ctx, op, &a);
-  while (!a.done) {
-    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
-    mcclAgreeAdvance(ctx, op, &a);
+  const int n = ctx->nranks, r = ctx->rank;
+  for (int dist = 1, k = 0; dist < n; dist <<= 1, k++) {
+    /* Round k+1 leaves only after round k's frame arrived: that is what makes the chain. */
+    mcclXfer x[2];
+    memset(x, 0, sizeof(x));
+    mcclAlgoFrame(op, &x[0].frame, MCCL_STEP_AGREE + (uint32_t)k, 0, 0);
+    mcclAlgoFrame(op, &x[1].frame, MCCL_STEP_AGREE + (uint32_t)k, 0, 0);
+    mcclTransportPostSend(ctx->tp, (r + dist) % n, &x[0]);
+    mcclTransportPostRecv(ctx->tp, (r - dist + n) % n, &x[1]);
+    MCCLCHECK(waitAll(ctx, op, x, 2));
   }
   return mcclSuccess;
+}
+
+mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled) {
+  const int n = ctx->nranks, r = ctx->rank;
+  memset(a, 0, sizeof(*a));
+  a->done = 1;
+  if (!enabled || n == 1) return mcclSuccess;
+  a->x = calloc((size_t)(n - 1) * 2, sizeof(mcclXfer));
+  if (a->x == NULL) {
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %d announcements", 2 * (n - 1));
+    return mcclSystemError;
+  }
+  a->n = 2 * (n - 1);
+  a->done = 0;
+  for (int k = 1; k < n; k++) { /* to r+1 first: the ring's own link */
+    mcclXfer* s = &a->x[k - 1];
+    mcclXfer* rv = &a->x[n - 1 + k - 1];
+    mcclAlgoFrame(op, &s->frame, MCCL_STEP_AGREE, 0, 0);
+    mcclAlgoFrame(op, &rv->frame, MCCL_STEP_AGREE, 0, 0);
+    mcclTransportPostSend(ctx->tp, (r + k) % n, s);
+    mcclTransportPostRecv(ctx->tp, (r - k + n) % n, rv);
+  }
+  return mcclSuccess;
+}
+
+void mcclAnnounceCheck(mcclAnnouncement* a) {
+  while (!a->done && a->x[a->first_pending].complete)
+    if (++a->first_pending == a->n) a->done = 1;
+}
+
+void mcclAnnounceEnd(mcclAnnouncement* a) {
+  free(a->x);
+  a->x = NULL;
 }
 
 mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
