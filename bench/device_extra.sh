@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (8 hosts, 5 Gbit/s): broadcast and all-to-all tables, the skewed 256 MiB
 # all-reduce memory test, socket-buffer settings, then the overlap and throughput benchmarks.
-# Everything lands in one tarball in $OUT. Stages: STAGES="tables skew bufsize overlap throughput".
+# Everything lands in one tarball in $OUT. Stages: STAGES="tables skew bufsize overlap throughput";
+# OVERLAP_ARGS: extra options for the overlap stage (e.g. --compute-ms 100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
@@ -23,8 +24,8 @@ for st in ${STAGES:-tables skew bufsize overlap throughput}; do
               --json $RES/skew.json > $RES/skew.txt 2>&1 ;;
     bufsize) for bs in 0 4194304 16777216; do MCCL_SOCKET_BUFSIZE=$bs $B --cluster x0 --backends mccl --goodput $GP \
               --ops all_reduce,all_gather --sizes 16M,64M,256M --json $RES/buf$bs.json > $RES/buf$bs.txt 2>&1; done ;;
-    overlap) $B overlap --cluster x0 --backends mccl,gloo --json $RES/overlap.json > $RES/overlap.txt 2>&1 ;;
+    overlap) $B overlap --cluster x0 --backends mccl,gloo ${OVERLAP_ARGS:-} --json $RES/overlap.json > $RES/overlap.txt 2>&1 ;;
     throughput) $B throughput --cluster x0 --backends mccl,gloo --json $RES/throughput.json > $RES/throughput.txt 2>&1 ;;
   esac
-  tail -5 $RES/*.txt | tail -3
+  for f in "$RES"/*.txt; do tail -n 3 "$f"; done
 done

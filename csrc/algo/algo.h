@@ -103,6 +103,7 @@ typedef struct {
 } mcclAnnouncement;
 mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled);
 void mcclAnnounceCheck(mcclAnnouncement* a);  /* after each progress round: updates `done` */
+mcclResult_t mcclAnnounceWait(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a); /* until done */
 void mcclAnnounceEnd(mcclAnnouncement* a);    /* frees it (after done, or after an error) */
 
 /* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly

@@ -1,6 +1,6 @@
 /*
  * doubling.c: latency-bound algorithms for small messages: recursive-doubling all-reduce
- * (Thakur, Rabenseifner & Gropp, 2005), Bruck's all-gather and the broadcasts built on it, and the
+ * (Thakur, Rabenseifner & Gropp, 2005), Bruck's all-gather, the small broadcasts, and the
  * dissemination barrier. Each takes about log2 n rounds, against n-1 or 2(n-1) for the ring.
  */
 #include <stdio.h>
@@ -156,19 +156,56 @@ mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   return res;
 }
 
-/* Broadcasts below the chain's threshold are Bruck all-gathers of the root's buffer cut into
- * blocks, so that every rank writes its buffer only after it heard (transitively) from all.
- * Two layouts, chosen by the alpha-beta model (Hockney) with MCCL_BCAST_ALPHA_BETA, the
- * latency x bandwidth product of a switched 10 GbE link (~30 us x ~1.1 GB/s):
- *  - root's block is the whole buffer, the others empty: ceil(log2 n) rounds that each carry the
- *    buffer, as in a binomial tree: L (alpha + S/beta), L = ceil(log2 n);
- *  - scatter first: root sends rank i its 1/n of the buffer (root's link carries (n-1)/n of it),
- *    then the all-gather moves (n-1)/n more: (L + 1) alpha + 2 (n-1)/n S/beta (the
- *    scatter-allgather broadcast of Barnett, Payne, van de Geijn & Watts, 1994).
+/* Broadcasts below the chain's threshold write the buffer only once every rank is known to have
+ * issued the same broadcast. Two algorithms, chosen by the alpha-beta model (Hockney) with
+ * MCCL_BCAST_ALPHA_BETA, the latency x bandwidth product of a switched 10 GbE link
+ * (~30 us x ~1.1 GB/s):
+ *  - the binomial tree (below): L (alpha + S/beta), L = ceil(log2 n);
+ *  - scatter then Bruck's all-gather (the scatter-allgather broadcast of Barnett, Payne, van de
+ *    Geijn & Watts, 1994): root sends rank i its 1/n of the buffer (root's link carries (n-1)/n
+ *    of it), then the all-gather moves (n-1)/n more: (L + 1) alpha + 2 (n-1)/n S/beta.
  * The second wins when (L - 2(n-1)/n) S > alpha x beta. */
 #define MCCL_BCAST_ALPHA_BETA (32.0 * 1024)
 
-static mcclResult_t bruckBroadcast(mcclAlgoCtx* ctx, const mcclOp* op, int scatter) {
+/* Binomial tree rooted at `root`: in virtual ranks v = (r - root) mod n, rank v receives from
+ * v - 2^k where 2^k is v's lowest set bit, then sends to v + 2^j for every j < k (all at once).
+ * A leaf hears only from its parent, so the tree runs into scratch with announcements alongside
+ * (algo.h): the buffer is written once every rank's announcement matched. */
+static mcclResult_t treeBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks;
+  const int v = ((ctx->rank - op->root) % n + n) % n;
+  const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
+  char* buf = v == 0 ? op->recvbuf : mcclAlgoScratch(ctx, bytes);
+  if (buf == NULL) return outOfMemory(ctx, bytes);
+  mcclAnnouncement ann;
+  MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, 1));
+  mcclResult_t res = mcclSuccess;
+  int mask = 1, k = 0;
+  while (mask < n) {
+    if (v & mask) {
+      mcclPeerIo in = {(v - mask + op->root) % n, 0, buf, bytes, 0, (uint32_t)k};
+      res = mcclAlgoExchange(ctx, op, &in, 1);
+      break;
+    }
+    mask <<= 1;
+    k++;
+  }
+  mcclPeerIo outs[32];
+  int nout = 0;
+  for (mask >>= 1, k--; res == mcclSuccess && mask > 0; mask >>= 1, k--) {
+    if (v + mask < n) {
+      mcclPeerIo o = {(v + mask + op->root) % n, 1, buf, bytes, 0, (uint32_t)k};
+      outs[nout++] = o;
+    }
+  }
+  if (res == mcclSuccess && nout) res = mcclAlgoExchange(ctx, op, outs, nout);
+  if (res == mcclSuccess) res = mcclAnnounceWait(ctx, op, &ann);
+  if (res == mcclSuccess && v != 0) memcpy(op->recvbuf, buf, bytes);
+  mcclAnnounceEnd(&ann);
+  return res;
+}
+
+static mcclResult_t scatterBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank, root = op->root;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
   char* buf = op->recvbuf;
@@ -183,24 +220,21 @@ static mcclResult_t bruckBroadcast(mcclAlgoCtx* ctx, const mcclOp* op, int scatt
   size_t* off = geo;
   size_t* len = geo + n;
   for (int i = 0; i < n; i++) {
-    size_t c = scatter ? op->count / (size_t)n + ((size_t)i < op->count % (size_t)n ? 1 : 0)
-                       : (i == root ? op->count : 0);
-    len[i] = c * esz;
+    len[i] = (op->count / (size_t)n + ((size_t)i < op->count % (size_t)n ? 1 : 0)) * esz;
     off[i] = i == 0 ? 0 : off[i - 1] + len[i - 1];
   }
-  if (scatter) { /* into work: a non-root's own block is position 0 of its rotated buffer */
-    int nio = 0;
-    if (r == root) {
-      for (int i = 0; i < n; i++)
-        if (i != r) ios[nio++] = (mcclPeerIo){i, 1, buf + off[i], len[i], 0, 0};
-    } else {
-      ios[nio++] = (mcclPeerIo){root, 0, work, len[r], 0, 0};
-    }
-    res = mcclAlgoExchange(ctx, op, ios, nio);
-    if (res != mcclSuccess) goto done;
+  /* Into work: a non-root's own block is position 0 of its rotated buffer. */
+  int nio = 0;
+  if (r == root) {
+    for (int i = 0; i < n; i++)
+      if (i != r) ios[nio++] = (mcclPeerIo){i, 1, buf + off[i], len[i], 0, 0};
+  } else {
+    ios[nio++] = (mcclPeerIo){root, 0, work, len[r], 0, 0};
   }
+  res = mcclAlgoExchange(ctx, op, ios, nio);
   /* Root's buffer is its input and is never written. */
-  res = bruckRun(ctx, op, off, len, bytes, r == root ? buf + off[r] : NULL, work, r == root ? NULL : buf, 1);
+  if (res == mcclSuccess)
+    res = bruckRun(ctx, op, off, len, bytes, r == root ? buf + off[r] : NULL, work, r == root ? NULL : buf, 1);
 done:
   free(geo);
   free(ios);
@@ -218,7 +252,7 @@ mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   while ((1 << L) < n) L++;
   int scatter = op->algorithm == mcclAlgoAuto && op->count >= (size_t)n &&
                 ((double)L - 2.0 * (n - 1) / n) * (double)bytes > MCCL_BCAST_ALPHA_BETA;
-  return bruckBroadcast(ctx, op, scatter);
+  return scatter ? scatterBroadcast(ctx, op) : treeBroadcast(ctx, op);
 }
 
 /* Dissemination barrier (Hensgen, Finkel & Manber): in round k every rank sends an empty frame

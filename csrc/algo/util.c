@@ -45,21 +45,29 @@ static void ioFrame(const mcclOp* op, const mcclPeerIo* io, mcclFrame* f, uint32
   if (op->coll == MCCL_COLL_ALLTOALL) f->count = io->bytes / mcclDataTypeSize(op->dtype);
 }
 
-/* Post io's frames into xs; returns how many. */
-static size_t postIo(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* io, mcclXfer* xs) {
-  size_t seg = ctx->segment_bytes, off = 0, k = 0;
+/* Post the frames of io that cover its bytes [from, to) (frames start at multiples of the
+ * segment size; an empty io has one empty frame, posted with from == 0), with payloads at
+ * `buf` + (byte - from); returns how many went into xs. */
+static size_t postIoRange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* io, size_t from, size_t to,
+                          char* buf, mcclXfer* xs) {
+  size_t seg = ctx->segment_bytes, off = from, k = 0;
+  if (from >= to && !(io->bytes == 0 && from == 0)) return 0;
   do {
-    size_t len = io->bytes - off < seg ? io->bytes - off : seg;
+    size_t len = to - off < seg ? to - off : seg;
     mcclXfer* x = &xs[k++];
     memset(x, 0, sizeof(*x));
     ioFrame(op, io, &x->frame, io->step, off, len);
-    x->buf = io->buf + off;
+    x->buf = buf + (off - from);
     x->bytes = len;
     if (io->is_send) mcclTransportPostSend(ctx->tp, io->peer, x);
     else mcclTransportPostRecv(ctx->tp, io->peer, x);
     off += len;
-  } while (off < io->bytes);
+  } while (off < to);
   return k;
+}
+
+static size_t postIo(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* io, mcclXfer* xs) {
+  return postIoRange(ctx, op, io, 0, io->bytes, io->buf, xs);
 }
 
 /* Progress until xs[0..n) are all complete. */
@@ -91,11 +99,24 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
 }
 
 mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
-  size_t nframes = (size_t)nios;
-  for (int i = 0; i < nios; i++) nframes += framesOf(ctx, &ios[i]);
+  /* The first MCCL_EARLY_SEGMENTS segments of every receive may land before the announcements
+   * are in, into scratch (copied to the output at the end); the rest is posted into the output
+   * once every announcement matched. Data flows from the start, and the copy is bounded. */
+  enum { MCCL_EARLY_SEGMENTS = 2 };
+  const size_t early_max = MCCL_EARLY_SEGMENTS * ctx->segment_bytes;
+  size_t nframes = (size_t)nios, early_total = 0;
+  for (int i = 0; i < nios; i++) {
+    nframes += framesOf(ctx, &ios[i]);
+    if (!ios[i].is_send) early_total += ios[i].bytes < early_max ? ios[i].bytes : early_max;
+  }
+  char* early = early_total ? mcclAlgoScratch(ctx, early_total) : NULL;
   mcclXfer stack_xfers[16];
   mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
-  if (xs == NULL) return mcclSystemError;
+  if (xs == NULL || (early_total && early == NULL)) {
+    if (xs != stack_xfers) free(xs);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", nframes);
+    return mcclSystemError;
+  }
   /* Every link carries its announcements first, then its data, in io order on both ends. */
   for (int i = 0; i < nios; i++) {
     mcclXfer* x = &xs[i];
@@ -105,14 +126,30 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
     if (ios[i].is_send) mcclTransportPostSend(ctx->tp, ios[i].peer, x);
     else mcclTransportPostRecv(ctx->tp, ios[i].peer, x);
   }
-  size_t k = (size_t)nios;
-  for (int i = 0; i < nios; i++)
-    if (ios[i].is_send) k += postIo(ctx, op, &ios[i], xs + k);
+  size_t k = (size_t)nios, at = 0;
+  for (int i = 0; i < nios; i++) {
+    const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
+    if (ios[i].is_send) {
+      k += postIo(ctx, op, &ios[i], xs + k);
+    } else {
+      k += postIoRange(ctx, op, &ios[i], 0, e, early + at, xs + k);
+      at += e;
+    }
+  }
   mcclResult_t res = waitAll(ctx, op, xs, (size_t)nios); /* every peer's header has matched */
   if (res == mcclSuccess) {
-    for (int i = 0; i < nios; i++)
-      if (!ios[i].is_send) k += postIo(ctx, op, &ios[i], xs + k);
+    for (int i = 0; i < nios; i++) {
+      const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
+      if (!ios[i].is_send && e < ios[i].bytes) k += postIoRange(ctx, op, &ios[i], e, ios[i].bytes, ios[i].buf + e, xs + k);
+    }
     res = waitAll(ctx, op, xs, nframes);
+  }
+  at = 0;
+  for (int i = 0; res == mcclSuccess && i < nios; i++) {
+    if (ios[i].is_send) continue;
+    const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
+    if (e) memcpy(ios[i].buf, early + at, e);
+    at += e;
   }
   if (xs != stack_xfers) free(xs);
   return res;
@@ -159,6 +196,15 @@ mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncem
 void mcclAnnounceCheck(mcclAnnouncement* a) {
   while (!a->done && a->x[a->first_pending].complete)
     if (++a->first_pending == a->n) a->done = 1;
+}
+
+mcclResult_t mcclAnnounceWait(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a) {
+  mcclAnnounceCheck(a);
+  while (!a->done) {
+    MCCLCHECK(mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag));
+    mcclAnnounceCheck(a);
+  }
+  return mcclSuccess;
 }
 
 void mcclAnnounceEnd(mcclAnnouncement* a) {
