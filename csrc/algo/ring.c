@@ -67,7 +67,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
 
   mcclXfer sx[64], rx[64];
   size_t runit[64];   /* the unit each posted receive slot holds */
-  uint8_t staged[64]; /* that receive lands in staging (reductions, and copies before agreement) */
+  uint8_t staged[64]; /* it lands in staging: reductions, and copies until announced */
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
 
