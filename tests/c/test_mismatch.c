@@ -3,8 +3,8 @@
  *
  * One rank (the odd one) issues a collective that differs from the others' in count, or in kind.
  * Every collective, at sizes that select each algorithm (recursive doubling / Bruck / trees, the
- * scatter-allgather broadcast, rings and the chain), on 3, 4 and 8 ranks (folded doubling, a
- * power of two, a larger one), with the odd rank in the middle and at rank 0 (a root):
+ * scatter-allgather broadcast, rings and the chain), on 2, 3, 4, 5 and 8 ranks (a pair,
+ * folded doubling, powers of two), with the odd rank in the middle and at rank 0 (a root):
  *  - every rank's call fails, and its message says "mismatch";
  *  - no rank's output changed: outputs start as a sentinel (or, in place, as the input) and are
  *    compared byte for byte afterwards;
@@ -89,17 +89,17 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
 }
 
 int main(void) {
-  const int worlds[] = {3, 4, 8};
+  const int worlds[] = {2, 3, 4, 5, 8};
   /* Small (doubling, Bruck, trees, root-only broadcast), medium (scatter-allgather broadcast;
    * rings for all-gather and reduce-scatter at 8 ranks) and large (rings, the chain). */
   const size_t counts[] = {100, 12000, 70000};
   const mcclAlgorithm_t algos[] = {mcclAlgoAuto, mcclAlgoRing, mcclAlgoTree};
   int cases = 0, before = harness_failures;
-  for (int w = 0; w < 3; w++) {
+  for (int w = 0; w < (int)(sizeof(worlds) / sizeof(worlds[0])); w++) {
     const int n = worlds[w];
     for (int k = 0; k < NKINDS; k++) {
       for (int s = 0; s < 3; s++) {
-        mismatchCase mc = {k, k, counts[s], w == 2 ? 0 : n / 2, mcclAlgoAuto};
+        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
       }
