@@ -55,6 +55,9 @@ typedef struct mcclAlgoCtx {
 char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes);
 char* mcclAlgoWork(mcclAlgoCtx* ctx, size_t bytes);
 
+/* Report that `bytes` of intermediate results could not be allocated: mcclSystemError. */
+mcclResult_t mcclAlgoOutOfMemory(mcclAlgoCtx* ctx, size_t bytes);
+
 /* One side of a point-to-point exchange: `bytes` from/to `buf`, split into frames of at most
  * segment_bytes (one empty frame when bytes == 0), tagged with `step`. */
 typedef struct {
@@ -92,7 +95,8 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
  * checks: all ranks issued this collective. Posted after the data, so it never reorders a link. */
 mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
 
-/* For rings that write early: one round in which every rank sends an empty frame with the op's
+/* For algorithms that write early (the rings, and the small broadcast tree whose leaves hear only
+ * from their parent): one round in which every rank sends an empty frame with the op's
  * header to every other rank and receives one from each, posted before any data so that every
  * link carries them first on both ends. `done` once every peer's announcement matched: from then
  * on this rank may write its output. One hop of latency instead of ceil(log2 n), for 2(n-1)
@@ -107,9 +111,10 @@ mcclResult_t mcclAnnounceWait(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnounceme
 void mcclAnnounceEnd(mcclAnnouncement* a);    /* frees it (after done, or after an error) */
 
 /* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly
- * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link,
- * and receives into the ios' buffers are posted only once every announcement this rank expects
- * has arrived and matched. Sends are not held back. */
+ * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link.
+ * The first two segments of every receive land in scratch at once; the rest is posted into the
+ * ios' buffers only once every announcement this rank expects has arrived and matched, and the
+ * scratch is copied in at the end. Sends are not held back. */
 mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
 
 /* Fill the header fields every frame of `op` shares. */
@@ -158,7 +163,7 @@ typedef struct {
   char* final_out;         /* RECV_REDUCE_FINAL writes chunk c here at (chunk_off[c] - final_base)
                               elements, instead of into `out`; NULL: into `out` */
   size_t final_base;
-  int agree;               /* run an mcclAnnouncement alongside and write `out` only once it is
+  int announce;            /* run an mcclAnnouncement alongside and write `out` only once it is
                               done: until then every receive lands in staging and waits there */
   size_t in_base;          /* sends from op->sendbuf read element (chunk offset - in_base) */
 } mcclRingPlan;

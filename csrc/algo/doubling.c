@@ -133,11 +133,6 @@ static mcclResult_t bruckRun(mcclAlgoCtx* ctx, const mcclOp* op, const size_t* o
   return mcclSuccess;
 }
 
-static mcclResult_t outOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
-  snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes", bytes);
-  return mcclSystemError;
-}
-
 mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks;
   const size_t blk = op->count * mcclDataTypeSize(op->dtype), total = blk * (size_t)n;
@@ -145,7 +140,7 @@ mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   size_t* geo = malloc(sizeof(size_t) * (size_t)n * 2);
   if (work == NULL || geo == NULL) {
     free(geo);
-    return outOfMemory(ctx, total);
+    return mcclAlgoOutOfMemory(ctx, total);
   }
   for (int i = 0; i < n; i++) {
     geo[i] = (size_t)i * blk;
@@ -176,7 +171,7 @@ static mcclResult_t treeBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int v = ((ctx->rank - op->root) % n + n) % n;
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
   char* buf = v == 0 ? op->recvbuf : mcclAlgoScratch(ctx, bytes);
-  if (buf == NULL) return outOfMemory(ctx, bytes);
+  if (buf == NULL) return mcclAlgoOutOfMemory(ctx, bytes);
   mcclAnnouncement ann;
   MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, 1));
   mcclResult_t res = mcclSuccess;
@@ -214,7 +209,7 @@ static mcclResult_t scatterBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
   mcclResult_t res = mcclSuccess;
   if (work == NULL || geo == NULL || ios == NULL) {
-    res = outOfMemory(ctx, bytes);
+    res = mcclAlgoOutOfMemory(ctx, bytes);
     goto done;
   }
   size_t* off = geo;

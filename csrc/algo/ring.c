@@ -63,7 +63,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
 
   /* Announcements go first on every link, so both ends of every link post in the same order. */
   mcclAnnouncement ann;
-  MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, p->agree));
+  MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, p->announce));
 
   mcclXfer sx[64], rx[64];
   size_t runit[64];   /* the unit each posted receive slot holds */

@@ -10,11 +10,6 @@
 #include "core/debug.h"
 #include "reduce/reduce.h"
 
-static mcclResult_t outOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
-  snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes of intermediate results", bytes);
-  return mcclSystemError;
-}
-
 static int useRing(const mcclAlgoCtx* ctx, const mcclOp* op, size_t bytes) {
   if (op->algorithm == mcclAlgoRing) return 1;
   return op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold;
@@ -30,7 +25,7 @@ static mcclResult_t treeReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
   char* acc = mcclAlgoWork(ctx, bytes);
   char* tmp = acc ? mcclAlgoScratch(ctx, bytes) : NULL;
-  if (tmp == NULL) return outOfMemory(ctx, bytes * 2);
+  if (tmp == NULL) return mcclAlgoOutOfMemory(ctx, bytes * 2);
   memcpy(acc, op->sendbuf, bytes);
   for (int mask = 1, k = 0; mask < n; mask <<= 1, k++) {
     if (v & mask) {
@@ -59,7 +54,7 @@ mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   mcclResult_t res;
   if (useRing(ctx, op, bytes) && op->count >= (size_t)ctx->nranks) {
     char* work = mcclAlgoWork(ctx, bytes);
-    if (work == NULL) return outOfMemory(ctx, bytes);
+    if (work == NULL) return mcclAlgoOutOfMemory(ctx, bytes);
     res = mcclRingReduce(ctx, op, work);
   } else {
     res = treeReduce(ctx, op);
@@ -81,7 +76,7 @@ mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
     return mcclSuccess;
   }
   char* work = mcclAlgoWork(ctx, total);
-  if (work == NULL) return outOfMemory(ctx, total);
+  if (work == NULL) return mcclAlgoOutOfMemory(ctx, total);
   if (useRing(ctx, op, total)) return mcclRingReduceScatter(ctx, op, work);
   mcclOp whole = *op;
   whole.recvbuf = work;
@@ -115,7 +110,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
       return mcclAgree(ctx, op);
     }
     char* tmp = mcclAlgoScratch(ctx, blk);
-    if (tmp == NULL) return outOfMemory(ctx, blk);
+    if (tmp == NULL) return mcclAlgoOutOfMemory(ctx, blk);
     mcclPeerIo io = {op->root, 0, tmp, blk, 0, 0};
     MCCLCHECK(mcclAlgoExchange(ctx, op, &io, 1));
     MCCLCHECK(mcclAgree(ctx, op));
@@ -123,7 +118,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
     return mcclSuccess;
   }
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
-  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
+  if (ios == NULL) return mcclAlgoOutOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
   int nio = 0;
   for (int p = 0; p < n; p++)
     if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
@@ -162,7 +157,7 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
     return mcclSuccess;
   }
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n * 2);
-  if (ios == NULL) return outOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n * 2);
+  if (ios == NULL) return mcclAlgoOutOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n * 2);
   int nio = 0;
   /* Pairwise order (r+1, r+2, ...) spreads the first frames over different peers. */
   for (int k = 1; k < n; k++) {

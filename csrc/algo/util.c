@@ -21,6 +21,11 @@ static char* grow(char** buf, size_t* have, size_t bytes) {
 char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->scratch, &ctx->scratch_bytes, bytes); }
 char* mcclAlgoWork(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->work, &ctx->work_bytes, bytes); }
 
+mcclResult_t mcclAlgoOutOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
+  snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes of intermediate results", bytes);
+  return mcclSystemError;
+}
+
 void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length) {
   memset(f, 0, sizeof(*f));
   f->type = MCCL_FRAME_DATA;
@@ -98,6 +103,11 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
   return res;
 }
 
+/* Bytes of a receive that may land in scratch before the announcements are in (sends: none). */
+static size_t earlyBytes(const mcclPeerIo* io, size_t most) {
+  return io->is_send ? 0 : (io->bytes < most ? io->bytes : most);
+}
+
 mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
   /* The first MCCL_EARLY_SEGMENTS segments of every receive may land before the announcements
    * are in, into scratch (copied to the output at the end); the rest is posted into the output
@@ -107,16 +117,13 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
   size_t nframes = (size_t)nios, early_total = 0;
   for (int i = 0; i < nios; i++) {
     nframes += framesOf(ctx, &ios[i]);
-    if (!ios[i].is_send) early_total += ios[i].bytes < early_max ? ios[i].bytes : early_max;
+    early_total += earlyBytes(&ios[i], early_max);
   }
   char* early = early_total ? mcclAlgoScratch(ctx, early_total) : NULL;
+  if (early_total && early == NULL) return mcclAlgoOutOfMemory(ctx, early_total);
   mcclXfer stack_xfers[16];
   mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
-  if (xs == NULL || (early_total && early == NULL)) {
-    if (xs != stack_xfers) free(xs);
-    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", nframes);
-    return mcclSystemError;
-  }
+  if (xs == NULL) return mcclSystemError;
   /* Every link carries its announcements first, then its data, in io order on both ends. */
   for (int i = 0; i < nios; i++) {
     mcclXfer* x = &xs[i];
@@ -128,10 +135,10 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
   }
   size_t k = (size_t)nios, at = 0;
   for (int i = 0; i < nios; i++) {
-    const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
     if (ios[i].is_send) {
       k += postIo(ctx, op, &ios[i], xs + k);
     } else {
+      const size_t e = earlyBytes(&ios[i], early_max);
       k += postIoRange(ctx, op, &ios[i], 0, e, early + at, xs + k);
       at += e;
     }
@@ -139,15 +146,14 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
   mcclResult_t res = waitAll(ctx, op, xs, (size_t)nios); /* every peer's header has matched */
   if (res == mcclSuccess) {
     for (int i = 0; i < nios; i++) {
-      const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
+      const size_t e = earlyBytes(&ios[i], early_max);
       if (!ios[i].is_send && e < ios[i].bytes) k += postIoRange(ctx, op, &ios[i], e, ios[i].bytes, ios[i].buf + e, xs + k);
     }
     res = waitAll(ctx, op, xs, nframes);
   }
   at = 0;
   for (int i = 0; res == mcclSuccess && i < nios; i++) {
-    if (ios[i].is_send) continue;
-    const size_t e = ios[i].bytes < early_max ? ios[i].bytes : early_max;
+    const size_t e = earlyBytes(&ios[i], early_max);
     if (e) memcpy(ios[i].buf, early + at, e);
     at += e;
   }
