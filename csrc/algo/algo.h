@@ -34,6 +34,11 @@ typedef struct mcclOp {
   int64_t deadline_ns;     /* mcclNowNs() clock */
 } mcclOp;
 
+/* The latency x bandwidth product (Hockney's alpha x beta) of a switched 10 GbE link, ~30 us x
+ * ~1.1 GB/s, in bytes: messages much smaller than this are latency-bound. Algorithm choices that
+ * trade rounds for bytes compare against it. */
+#define MCCL_ALPHA_BETA_BYTES ((size_t)32 * 1024)
+
 /* What an algorithm may use. Owned by the engine thread. */
 typedef struct mcclAlgoCtx {
   mcclTransport* tp;
@@ -47,6 +52,9 @@ typedef struct mcclAlgoCtx {
   size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
   int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
   size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees */
+  int alltoall_window;     /* MCCL_ALLTOALL_WINDOW: pairwise all-to-all steps in flight (0: all,
+                              -1: chosen by single_host) */
+  int single_host;         /* every rank on this machine (mcclTransportSingleHost) */
 } mcclAlgoCtx;
 
 /* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may
@@ -112,10 +120,14 @@ void mcclAnnounceEnd(mcclAnnouncement* a);    /* frees it (after done, or after 
 
 /* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly
  * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link.
- * The first two segments of every receive land in scratch at once; the rest is posted into the
- * ios' buffers only once every announcement this rank expects has arrived and matched, and the
- * scratch is copied in at the end. Sends are not held back. */
-mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios);
+ * A receive posted before every announcement this rank expects has arrived and matched puts its
+ * first two segments into scratch (copied in at the end) and waits with the rest; receives
+ * posted later go straight into the ios' buffers. Sends are not held back by announcements.
+ * Waves: ios with io->step == w form wave w; wave w is posted only once wave w - `window` has
+ * completed (window <= 0: every wave at once). Both ends of a link must list its ios in the same
+ * wave, since the step travels in the frame header. */
+mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios,
+                                       int window);
 
 /* Fill the header fields every frame of `op` shares. */
 void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length);

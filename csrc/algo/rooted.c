@@ -106,7 +106,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
   if (r != op->root) {
     if (gather) { /* then agree, as a reduce does (mcclAlgoReduce) */
       mcclPeerIo io = {op->root, 1, own, blk, 0, 0};
-      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1));
+      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1, 0));
       return mcclAgree(ctx, op);
     }
     char* tmp = mcclAlgoScratch(ctx, blk);
@@ -122,7 +122,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
   int nio = 0;
   for (int p = 0; p < n; p++)
     if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
-  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio) : mcclAlgoExchange(ctx, op, ios, nio);
+  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio, 0) : mcclAlgoExchange(ctx, op, ios, nio);
   if (res == mcclSuccess) res = mcclAgree(ctx, op);
   if (res == mcclSuccess && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
   free(ios);
@@ -159,17 +159,28 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n * 2);
   if (ios == NULL) return mcclAlgoOutOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n * 2);
   int nio = 0;
-  /* Pairwise order (r+1, r+2, ...) spreads the first frames over different peers. */
+  /* Pairwise schedule: at step k-1 this rank sends to r+k and receives from r-k, so at every
+   * step each rank has one sender and one receiver; up to `alltoall_window` steps run at once. */
   for (int k = 1; k < n; k++) {
     int to = (r + k) % n, from = (r - k + n) % n;
-    ios[nio++] = (mcclPeerIo){to, 1, (char*)op->sendbuf + SDISPL(to) * esz, SCOUNT(to) * esz, 0, 0};
-    ios[nio++] = (mcclPeerIo){from, 0, (char*)op->recvbuf + RDISPL(from) * esz, RCOUNT(from) * esz, 0, 0};
+    ios[nio++] = (mcclPeerIo){to, 1, (char*)op->sendbuf + SDISPL(to) * esz, SCOUNT(to) * esz, 0, (uint32_t)(k - 1)};
+    ios[nio++] = (mcclPeerIo){from, 0, (char*)op->recvbuf + RDISPL(from) * esz, RCOUNT(from) * esz, 0, (uint32_t)(k - 1)};
   }
 #undef SCOUNT
 #undef SDISPL
 #undef RCOUNT
 #undef RDISPL
-  mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio);
+  /* Across a network, every step at once means n-1 senders into each receiver's link at once
+   * (incast: queues build up and some flows finish late). A step of a larger block should take at
+   * least twice the latency it adds: blocks of 2 x alpha x beta and up (MCCL_ALPHA_BETA_BYTES)
+   * run MCCL_ALLTOALL_WINDOW steps at a time (default 1). Small blocks are latency-bound, and on
+   * one machine there is no link to share, only CPU: every step at once unless MCCL_ALLTOALL_WINDOW
+   * says otherwise (bench/NOTES.md has the numbers). */
+  size_t sent = 0;
+  for (int i = 0; i < nio; i += 2) sent += ios[i].bytes;
+  int window = ctx->alltoall_window >= 0 ? ctx->alltoall_window : (ctx->single_host ? 0 : 1);
+  if (sent / (size_t)(n - 1) < 2 * MCCL_ALPHA_BETA_BYTES) window = 0;
+  mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio, window);
   if (res == mcclSuccess) memmove(own_out, own_in, own_bytes);
   free(ios);
   return res;

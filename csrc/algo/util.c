@@ -108,22 +108,48 @@ static size_t earlyBytes(const mcclPeerIo* io, size_t most) {
   return io->is_send ? 0 : (io->bytes < most ? io->bytes : most);
 }
 
-mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
-  /* The first MCCL_EARLY_SEGMENTS segments of every receive may land before the announcements
-   * are in, into scratch (copied to the output at the end); the rest is posted into the output
-   * once every announcement matched. Data flows from the start, and the copy is bounded. */
+/* One io of an announced exchange: where its frames sit in the xfer array. A receive may be
+ * posted in two parts (its early bytes into scratch, the rest into its buffer). */
+typedef struct {
+  size_t x0, nx;     /* first part's frames: xs[x0 .. x0+nx) */
+  size_t x1, nx1;    /* second part's frames */
+  size_t early;      /* bytes of the first part that went to scratch (0: posted straight) */
+  size_t scratch_at; /* where in scratch */
+  int posted, rest_pending;
+} mcclIoState;
+
+static int partDone(const mcclXfer* xs, size_t x0, size_t nx) {
+  for (size_t i = 0; i < nx; i++)
+    if (!xs[x0 + i].complete) return 0;
+  return 1;
+}
+
+mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios,
+                                       int window) {
+  /* Receives posted before the announcements are in take at most MCCL_EARLY_SEGMENTS segments
+   * into scratch (copied to the output at the end), so data flows from the start and the copy
+   * is bounded; the rest is posted into the output once every announcement matched. Receives
+   * posted after that go straight into the output. */
   enum { MCCL_EARLY_SEGMENTS = 2 };
   const size_t early_max = MCCL_EARLY_SEGMENTS * ctx->segment_bytes;
   size_t nframes = (size_t)nios, early_total = 0;
+  uint32_t nwaves = 0;
   for (int i = 0; i < nios; i++) {
     nframes += framesOf(ctx, &ios[i]);
     early_total += earlyBytes(&ios[i], early_max);
+    if (ios[i].step + 1 > nwaves) nwaves = ios[i].step + 1;
   }
+  if (window <= 0 || (uint32_t)window > nwaves) window = (int)nwaves;
   char* early = early_total ? mcclAlgoScratch(ctx, early_total) : NULL;
   if (early_total && early == NULL) return mcclAlgoOutOfMemory(ctx, early_total);
   mcclXfer stack_xfers[16];
   mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
-  if (xs == NULL) return mcclSystemError;
+  mcclIoState* st = calloc((size_t)nios, sizeof(*st));
+  if (xs == NULL || st == NULL) {
+    if (xs != stack_xfers) free(xs);
+    free(st);
+    return mcclAlgoOutOfMemory(ctx, nframes * sizeof(mcclXfer) + (size_t)nios * sizeof(*st));
+  }
   /* Every link carries its announcements first, then its data, in io order on both ends. */
   for (int i = 0; i < nios; i++) {
     mcclXfer* x = &xs[i];
@@ -133,31 +159,58 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
     if (ios[i].is_send) mcclTransportPostSend(ctx->tp, ios[i].peer, x);
     else mcclTransportPostRecv(ctx->tp, ios[i].peer, x);
   }
-  size_t k = (size_t)nios, at = 0;
-  for (int i = 0; i < nios; i++) {
-    if (ios[i].is_send) {
-      k += postIo(ctx, op, &ios[i], xs + k);
-    } else {
-      const size_t e = earlyBytes(&ios[i], early_max);
-      k += postIoRange(ctx, op, &ios[i], 0, e, early + at, xs + k);
-      at += e;
+  size_t k = (size_t)nios, at = 0, done_upto = 0;
+  int announced = 0, nposted = 0;
+  uint32_t wave = 0; /* next wave to post: waves w < wave are posted */
+  mcclResult_t res = mcclSuccess;
+  for (;;) {
+    announced = announced || partDone(xs, 0, (size_t)nios);
+    /* Wave w goes out once wave w - window has completed (both its sends and its receives). */
+    while (wave < nwaves) {
+      int ready = 1;
+      for (int i = 0; ready && wave >= (uint32_t)window && i < nios; i++)
+        if (ios[i].step == wave - (uint32_t)window)
+          ready = st[i].posted && !st[i].rest_pending && partDone(xs, st[i].x0, st[i].nx) &&
+                  partDone(xs, st[i].x1, st[i].nx1);
+      if (!ready) break;
+      for (int i = 0; i < nios; i++) {
+        if (ios[i].step != wave) continue;
+        mcclIoState* s = &st[i];
+        s->posted = 1;
+        nposted++;
+        s->x0 = k;
+        if (ios[i].is_send || announced) {
+          s->nx = postIo(ctx, op, &ios[i], xs + k);
+        } else {
+          s->early = earlyBytes(&ios[i], early_max);
+          s->scratch_at = at;
+          s->nx = postIoRange(ctx, op, &ios[i], 0, s->early, early + at, xs + k);
+          s->rest_pending = s->early < ios[i].bytes;
+          at += s->early;
+        }
+        k += s->nx;
+      }
+      wave++;
     }
-  }
-  mcclResult_t res = waitAll(ctx, op, xs, (size_t)nios); /* every peer's header has matched */
-  if (res == mcclSuccess) {
-    for (int i = 0; i < nios; i++) {
-      const size_t e = earlyBytes(&ios[i], early_max);
-      if (!ios[i].is_send && e < ios[i].bytes) k += postIoRange(ctx, op, &ios[i], e, ios[i].bytes, ios[i].buf + e, xs + k);
+    if (announced) {
+      for (int i = 0; i < nios; i++) {
+        mcclIoState* s = &st[i];
+        if (!s->rest_pending) continue;
+        s->x1 = k;
+        s->nx1 = postIoRange(ctx, op, &ios[i], s->early, ios[i].bytes, ios[i].buf + s->early, xs + k);
+        k += s->nx1;
+        s->rest_pending = 0;
+      }
     }
-    res = waitAll(ctx, op, xs, nframes);
+    while (done_upto < k && xs[done_upto].complete) done_upto++;
+    if (nposted == nios && announced && done_upto == k) break;
+    res = mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag);
+    if (res != mcclSuccess) break;
   }
-  at = 0;
-  for (int i = 0; res == mcclSuccess && i < nios; i++) {
-    const size_t e = earlyBytes(&ios[i], early_max);
-    if (e) memcpy(ios[i].buf, early + at, e);
-    at += e;
-  }
+  for (int i = 0; res == mcclSuccess && i < nios; i++)
+    if (st[i].early) memcpy(ios[i].buf, early + st[i].scratch_at, st[i].early);
   if (xs != stack_xfers) free(xs);
+  free(st);
   return res;
 }
 

@@ -299,6 +299,10 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->algo.segment_bytes = (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
   comm->algo.depth = (int)mcclParamInt("MCCL_PIPELINE_DEPTH");
   comm->algo.ring_threshold = (size_t)mcclParamInt("MCCL_RING_THRESHOLD");
+  comm->algo.alltoall_window = (int)mcclParamInt("MCCL_ALLTOALL_WINDOW");
+  comm->algo.single_host = mcclTransportSingleHost(&comm->tp);
+  INFO(MCCL_SUB_INIT, "rank %d/%d: %s", comm->rank, comm->nranks,
+       comm->algo.single_host ? "every rank on this host (loopback)" : "ranks on several hosts");
 
   if (pthread_create(&comm->engine, NULL, mcclEngineMain, comm) != 0) {
     mcclSetThreadError("mcclCommInitConfig: cannot start the engine thread: %s", strerror(errno));

@@ -30,6 +30,9 @@ static mcclParam params[] = {
     {"MCCL_SEGMENT_BYTES", 256 * 1024, 4096, 1 << 30, 0, NULL, 0},
     /* Frames in flight per ring link (posted receives and sends ahead of the reducer). */
     {"MCCL_PIPELINE_DEPTH", 4, 1, 64, 0, NULL, 0},
+    /* Pairwise all-to-all steps in flight at once for blocks of 64 KiB and up (0: all n-1;
+     * -1: 1 across hosts, all when every rank is on one machine). */
+    {"MCCL_ALLTOALL_WINDOW", -1, -1, 1 << 20, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
 };

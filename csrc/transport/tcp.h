@@ -148,6 +148,11 @@ void mcclTransportFail(mcclTransport* t, const char* reason);
  * at the time (e.g. broadcasts whose roots differ). */
 int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap);
 
+/* 1 when every peer published the same host address as this rank (all ranks on one machine, so
+ * every byte crosses loopback and the CPU, not a wire, is the bottleneck), else 0. Transports made
+ * by mcclTransportFromFds have no addresses: 0. */
+int mcclTransportSingleHost(const mcclTransport* t);
+
 /* Close every socket and free the transport's memory. */
 void mcclTransportClose(mcclTransport* t);
 

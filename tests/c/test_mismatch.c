@@ -89,6 +89,7 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
 }
 
 int main(void) {
+  setenv("MCCL_ALLTOALL_WINDOW", "2", 0); /* all-to-all two pairwise steps at a time, as across hosts */
   const int worlds[] = {2, 3, 4, 5, 8};
   /* Small (doubling, Bruck, trees, root-only broadcast), medium (scatter-allgather broadcast;
    * rings for all-gather and reduce-scatter at 8 ranks) and large (rings, the chain). */
