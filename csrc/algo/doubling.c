@@ -153,15 +153,12 @@ mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
 
 /* Broadcasts below the chain's threshold write the buffer only once every rank is known to have
  * issued the same broadcast. Two algorithms, chosen by the alpha-beta model (Hockney) with
- * MCCL_BCAST_ALPHA_BETA, the latency x bandwidth product of a switched 10 GbE link
- * (~30 us x ~1.1 GB/s):
+ * MCCL_ALPHA_BETA_BYTES (algo.h):
  *  - the binomial tree (below): L (alpha + S/beta), L = ceil(log2 n);
  *  - scatter then Bruck's all-gather (the scatter-allgather broadcast of Barnett, Payne, van de
  *    Geijn & Watts, 1994): root sends rank i its 1/n of the buffer (root's link carries (n-1)/n
  *    of it), then the all-gather moves (n-1)/n more: (L + 1) alpha + 2 (n-1)/n S/beta.
  * The second wins when (L - 2(n-1)/n) S > alpha x beta. */
-#define MCCL_BCAST_ALPHA_BETA (32.0 * 1024)
-
 /* Binomial tree rooted at `root`: in virtual ranks v = (r - root) mod n, rank v receives from
  * v - 2^k where 2^k is v's lowest set bit, then sends to v + 2^j for every j < k (all at once).
  * A leaf hears only from its parent, so the tree runs into scratch with announcements alongside
@@ -240,13 +237,17 @@ mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks;
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
   if (n == 1 || bytes == 0) return mcclSuccess;
+  /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
+   * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain wins
+   * once S > n s. On two ranks the chain is the direct send. */
   int chain = op->algorithm == mcclAlgoRing ||
-              (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold && n > 2);
+              (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold &&
+               (n == 2 || op->count < (size_t)n || bytes >= (size_t)n * ctx->segment_bytes));
   if (chain) return mcclRingBroadcast(ctx, op);
   int L = 0;
   while ((1 << L) < n) L++;
   int scatter = op->algorithm == mcclAlgoAuto && op->count >= (size_t)n &&
-                ((double)L - 2.0 * (n - 1) / n) * (double)bytes > MCCL_BCAST_ALPHA_BETA;
+                ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)MCCL_ALPHA_BETA_BYTES;
   return scatter ? scatterBroadcast(ctx, op) : treeBroadcast(ctx, op);
 }
 
