@@ -1,8 +1,10 @@
 """Render mccl.bench JSON results as the Markdown tables of docs/PERFORMANCE.md.
 
-Usage: python bench/tables.py RESULT.json [...] [--goodput GBPS]
+Usage: python bench/tables.py RESULT.json [...] [--goodput GBPS] [--ratios] [--ops OPS]
 Every number comes from the JSON (no hand-typed results); %goodput uses the goodput recorded in the
-JSON's meta (or --goodput, in GB/s).
+JSON's meta (or --goodput, in GB/s). --ratios prints one compact table instead: a row per
+(collective, world size, file) and a column per size, each cell mccl's busbw / gloo's (> 1: mccl
+faster).
 """
 import argparse
 import json
@@ -26,13 +28,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--goodput", type=float, default=0.0, help="GB/s, overrides the JSON's")
+    ap.add_argument("--ratios", action="store_true", help="one table of mccl/gloo busbw ratios")
+    ap.add_argument("--ops", default="", help="comma-separated collectives to keep (default: all)")
     args = ap.parse_args()
+    keep = set(filter(None, args.ops.split(",")))
+    if args.ratios:
+        ratios(args.files, keep)
+        return
     for path in args.files:
         d = json.load(open(path))
         gp = args.goodput or goodput_of(d.get("meta", {}))
         rows = defaultdict(dict)
         for r in d["results"]:
-            rows[(r["op"], r["size"])][r["backend"]] = r
+            if not keep or r["op"] in keep:
+                rows[(r["op"], r["size"])][r["backend"]] = r
         ops = sorted({op for op, _ in rows}, key=lambda o: [k[0] for k in rows].index(o))
         for op in ops:
             n = next(iter(next(v for k, v in rows.items() if k[0] == op).values()))["nranks"]
@@ -50,6 +59,25 @@ def main() -> None:
                 print(f"| {human(size)} | {cell(m, 'time_us', '%.1f')} | {cell(m, 'busbw', '%.3f')} | {pct(m)} | "
                       f"{cell(g, 'time_us', '%.1f')} | {cell(g, 'busbw', '%.3f')} | {pct(g)} | {ratio} | {wrong} | "
                       f"{cell(m, 'cpu_engine_pct', '%.0f')} | {cell(m, 'rss_extra_mib', '%.1f')} |")
+
+
+def ratios(paths: list[str], keep: set[str]) -> None:
+    table, sizes = {}, set()
+    for path in paths:
+        for r in json.load(open(path))["results"]:
+            if keep and r["op"] not in keep:
+                continue
+            table.setdefault((r["op"], r["nranks"], path), {}).setdefault(r["size"], {})[r["backend"]] = r
+            sizes.add(r["size"])
+    cols = sorted(sizes)
+    print("| collective | ranks | " + " | ".join(human(c) for c in cols) + " | source |")
+    print("|---|---|" + "---|" * len(cols) + "---|")
+    for (op, n, path), by_size in table.items():
+        cells = []
+        for c in cols:
+            m, g = by_size.get(c, {}).get("mccl"), by_size.get(c, {}).get("gloo")
+            cells.append(f"{m['busbw'] / g['busbw']:.2f}" if m and g and g["busbw"] else "-")
+        print(f"| {op} | {n} | " + " | ".join(cells) + f" | {path.split('/')[-2]}/{path.split('/')[-1]} |")
 
 
 if __name__ == "__main__":
