@@ -1,6 +1,8 @@
 // ProcessGroupMCCL.cpp: tensors in, C calls out; see ProcessGroupMCCL.hpp.
 #include "ProcessGroupMCCL.hpp"
 
+#include <Python.h>  // the GIL, released while shutdown waits for completions
+
 #include <c10/core/InferenceMode.h>
 #include <optional>
 #include <pthread.h>
@@ -8,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -180,6 +183,25 @@ class Completer {
     return *instance;
   }
 
+  // Until every task posted so far has run to its end (a task may still drop the last references
+  // to tensors after its Work's waiters were released), or `limit` passed. Called when a process
+  // group shuts down, so that no pool thread still touches tensors (freeing one that Python owns
+  // takes the GIL) while the interpreter exits. From a pool thread, its own task does not count.
+  // The caller's GIL is released while waiting: a task may need it.
+  void drain(std::chrono::milliseconds limit) {
+    PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+    bool done;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const int self = tl_in_pool ? 1 : 0;
+      done = drained_.wait_for(lock, limit, [&] { return tasks_.empty() && running_ <= self; });
+    }
+    if (saved != nullptr) PyEval_RestoreThread(saved);
+    if (!done)
+      fprintf(stderr, "mccl: completion callbacks still running %lld ms after the process group shut down\n",
+              static_cast<long long>(limit.count()));
+  }
+
   void post(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));
@@ -196,6 +218,7 @@ class Completer {
 
   void run() {
     pthread_setname_np(pthread_self(), "mccl-complete");  // tests tell pool threads apart by name
+    tl_in_pool = true;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       while (tasks_.empty()) {
@@ -205,18 +228,26 @@ class Completer {
       }
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
+      running_++;
       lock.unlock();
       task();
+      task = nullptr;  // the captured Work and its tensors go here, before the count drops
       lock.lock();
+      running_--;
+      if (tasks_.empty()) drained_.notify_all();
     }
   }
 
+  static thread_local bool tl_in_pool;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, drained_;
+  int running_ = 0;
   std::deque<std::function<void()>> tasks_;
   int idle_ = 0;
   int threads_ = 0;
 };
+
+thread_local bool Completer::tl_in_pool = false;
 
 // Engine thread, exactly once: the buffers are final (or the collective failed). Hands the
 // completion to the Completer, which copies staged outputs back, completes the Work and its Future
@@ -336,6 +367,7 @@ ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store,
 
 ProcessGroupMCCL::~ProcessGroupMCCL() {
   if (comm_ != nullptr) mcclCommDestroy(comm_);
+  Completer::get().drain(timeout_);
 }
 
 void ProcessGroupMCCL::checkRoot(int64_t root, const char* op) const {
@@ -844,8 +876,9 @@ void ProcessGroupMCCL::shutdown() {
   if (comm_ != nullptr) {
     mcclComm_t c = comm_;
     comm_ = nullptr;
-    mcclCommDestroy(c);
+    mcclCommDestroy(c);  // every Work released: their completions are posted
   }
+  Completer::get().drain(timeout_);
 }
 
 }  // namespace mccl
