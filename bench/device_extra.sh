@@ -2,9 +2,12 @@
 # One device call (8 hosts, 5 Gbit/s): broadcast and all-to-all tables, the skewed 256 MiB
 # all-reduce memory test, socket-buffer settings, then the overlap and throughput benchmarks.
 # Everything lands in one tarball in $OUT. Stages: STAGES="tables skew bufsize overlap throughput";
-# also "loopback" (no cluster: every collective on 2, 4 and 8 local ranks; LOOP_ARGS for mccl.bench)
-# "clsweep" (cluster: segment:depth settings in $CL_CFGS and gloo), "loopsweep" (loopback, no cluster: segment:depth settings in $CFGS and gloo), "a2awin" (all-to-all with MCCL_ALLTOALL_WINDOW in $WINDOWS and gloo, ROUNDS times), and "netdiag" (TCP counters of every host and tc counters of every veth, dumped before and after
-# each backend's large all-reduces, ROUNDS times; bench/netdiag.py reads them).
+# also "loopback" (no cluster: every collective on 2, 4 and 8 local ranks; LOOP_ARGS for mccl.bench),
+# "clsweep" (cluster: segment:depth settings in $CL_CFGS, and gloo), "loopsweep" (loopback:
+# segment:depth settings in $CFGS, and gloo), "a2awin" (all-to-all with MCCL_ALLTOALL_WINDOW in
+# $WINDOWS, and gloo, ROUNDS times) and "netdiag" (TCP counters of every host and tc counters of
+# every veth, dumped before and after each backend's large all-reduces, ROUNDS times;
+# bench/netdiag.py reads them).
 # OVERLAP_ARGS: extra options for the overlap stage (e.g. --compute-ms 100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
