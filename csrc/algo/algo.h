@@ -120,14 +120,20 @@ void mcclAnnounceEnd(mcclAnnouncement* a);    /* frees it (after done, or after 
 
 /* mcclAlgoExchange for patterns where this rank hears from every rank it receives from directly
  * (gather's root, all-to-all): each io is preceded by an empty announcement frame on its link.
- * A receive posted before every announcement this rank expects has arrived and matched puts its
- * first two segments into scratch (copied in at the end) and waits with the rest; receives
- * posted later go straight into the ios' buffers. Sends are not held back by announcements.
+ * This rank may write the ios' buffers once every announcement it expects has arrived and
+ * matched. A receive posted before then puts its first two segments into scratch (copied in at
+ * the end) and waits with the rest; receives posted later go straight into the ios' buffers.
+ * Sends are not held back by announcements.
+ * `confirm`: for exchanges whose headers differ per pair (all-to-allv: each pair's count), where
+ * matching announcements on this rank's links say nothing of the other pairs: every link also
+ * carries an empty confirmation, sent once the sender's own announcements all matched, and
+ * this rank writes only once every peer's confirmation arrived (one more hop; data sends wait
+ * for this rank's confirmations to go out).
  * Waves: ios with io->step == w form wave w; wave w is posted only once wave w - `window` has
  * completed (window <= 0: every wave at once). Both ends of a link must list its ios in the same
  * wave, since the step travels in the frame header. */
 mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios,
-                                       int window);
+                                       int window, int confirm);
 
 /* Fill the header fields every frame of `op` shares. */
 void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset, size_t length);

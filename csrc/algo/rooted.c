@@ -106,7 +106,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
   if (r != op->root) {
     if (gather) { /* then agree, as a reduce does (mcclAlgoReduce) */
       mcclPeerIo io = {op->root, 1, own, blk, 0, 0};
-      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1, 0));
+      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1, 0, 0));
       return mcclAgree(ctx, op);
     }
     char* tmp = mcclAlgoScratch(ctx, blk);
@@ -122,7 +122,7 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
   int nio = 0;
   for (int p = 0; p < n; p++)
     if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
-  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio, 0) : mcclAlgoExchange(ctx, op, ios, nio);
+  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio, 0, 0) : mcclAlgoExchange(ctx, op, ios, nio);
   if (res == mcclSuccess) res = mcclAgree(ctx, op);
   if (res == mcclSuccess && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
   free(ios);
@@ -180,7 +180,10 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
   for (int i = 0; i < nio; i += 2) sent += ios[i].bytes;
   int window = ctx->alltoall_window >= 0 ? ctx->alltoall_window : (ctx->single_host ? 0 : 1);
   if (sent / (size_t)(n - 1) < 2 * MCCL_ALPHA_BETA_BYTES) window = 0;
-  mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio, window);
+  /* All-to-all frames carry each pair's count: with uniform counts every rank hears every
+   * other's directly, but all-to-allv counts differ per pair, so a mismatch between two other
+   * ranks needs their confirmations to reach this one. */
+  mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio, window, v != NULL);
   if (res == mcclSuccess) memmove(own_out, own_in, own_bytes);
   free(ios);
   return res;

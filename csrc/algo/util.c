@@ -125,14 +125,15 @@ static int partDone(const mcclXfer* xs, size_t x0, size_t nx) {
 }
 
 mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios,
-                                       int window) {
-  /* Receives posted before the announcements are in take at most MCCL_EARLY_SEGMENTS segments
-   * into scratch (copied to the output at the end), so data flows from the start and the copy
-   * is bounded; the rest is posted into the output once every announcement matched. Receives
-   * posted after that go straight into the output. */
+                                       int window, int confirm) {
+  /* Receives posted before this rank may write take at most MCCL_EARLY_SEGMENTS segments into
+   * scratch (copied to the output at the end), so data flows from the start and the copy is
+   * bounded; the rest is posted into the output once it may. Receives posted after that go
+   * straight into the output. */
   enum { MCCL_EARLY_SEGMENTS = 2 };
   const size_t early_max = MCCL_EARLY_SEGMENTS * ctx->segment_bytes;
-  size_t nframes = (size_t)nios, early_total = 0;
+  const size_t nctl = (size_t)nios * (confirm ? 2 : 1); /* announcements [, confirmations] */
+  size_t nframes = nctl, early_total = 0;
   uint32_t nwaves = 0;
   for (int i = 0; i < nios; i++) {
     nframes += framesOf(ctx, &ios[i]);
@@ -150,23 +151,34 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
     free(st);
     return mcclAlgoOutOfMemory(ctx, nframes * sizeof(mcclXfer) + (size_t)nios * sizeof(*st));
   }
-  /* Every link carries its announcements first, then its data, in io order on both ends. */
-  for (int i = 0; i < nios; i++) {
-    mcclXfer* x = &xs[i];
-    memset(x, 0, sizeof(*x));
-    ioFrame(op, &ios[i], &x->frame, MCCL_STEP_AGREE, 0, 0);
+  memset(xs, 0, nctl * sizeof(mcclXfer));
+  /* Every link carries its announcement first, then its confirmation, then its data, in io
+   * order on both ends. A confirmation is sent once every announcement this rank expects has
+   * matched; receives for all of them are posted now. */
+  for (size_t c = 0; c < nctl; c++) {
+    const int i = (int)(c % (size_t)nios), confirmation = c >= (size_t)nios;
+    mcclXfer* x = &xs[c];
+    ioFrame(op, &ios[i], &x->frame, MCCL_STEP_AGREE + (uint32_t)confirmation, 0, 0);
     x->frame.offset = 0;
-    if (ios[i].is_send) mcclTransportPostSend(ctx->tp, ios[i].peer, x);
-    else mcclTransportPostRecv(ctx->tp, ios[i].peer, x);
+    if (!ios[i].is_send) mcclTransportPostRecv(ctx->tp, ios[i].peer, x);
+    else if (!confirmation) mcclTransportPostSend(ctx->tp, ios[i].peer, x);
   }
-  size_t k = (size_t)nios, at = 0, done_upto = 0;
-  int announced = 0, nposted = 0;
+  size_t k = nctl, at = 0, done_upto = 0;
+  int heard = 0, confirmed = !confirm, may_write = 0, nposted = 0;
   uint32_t wave = 0; /* next wave to post: waves w < wave are posted */
   mcclResult_t res = mcclSuccess;
   for (;;) {
-    announced = announced || partDone(xs, 0, (size_t)nios);
+    heard = heard || partDone(xs, 0, (size_t)nios);
+    if (heard && !confirmed) {
+      for (int i = 0; i < nios; i++)
+        if (ios[i].is_send) mcclTransportPostSend(ctx->tp, ios[i].peer, &xs[nios + i]);
+      confirmed = 1;
+    }
+    /* Without confirmations, matching announcements mean every rank this rank hears from issued
+     * the same collective. With them, every peer has also checked all of its own incoming. */
+    may_write = may_write || (heard && (!confirm || partDone(xs, (size_t)nios, (size_t)nios)));
     /* Wave w goes out once wave w - window has completed (both its sends and its receives). */
-    while (wave < nwaves) {
+    while (confirmed && wave < nwaves) {
       int ready = 1;
       for (int i = 0; ready && wave >= (uint32_t)window && i < nios; i++)
         if (ios[i].step == wave - (uint32_t)window)
@@ -179,7 +191,7 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
         s->posted = 1;
         nposted++;
         s->x0 = k;
-        if (ios[i].is_send || announced) {
+        if (ios[i].is_send || may_write) {
           s->nx = postIo(ctx, op, &ios[i], xs + k);
         } else {
           s->early = earlyBytes(&ios[i], early_max);
@@ -192,7 +204,7 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
       }
       wave++;
     }
-    if (announced) {
+    if (may_write) {
       for (int i = 0; i < nios; i++) {
         mcclIoState* s = &st[i];
         if (!s->rest_pending) continue;
@@ -203,7 +215,7 @@ mcclResult_t mcclAlgoExchangeAnnounced(mcclAlgoCtx* ctx, const mcclOp* op, const
       }
     }
     while (done_upto < k && xs[done_upto].complete) done_upto++;
-    if (nposted == nios && announced && done_upto == k) break;
+    if (nposted == nios && may_write && done_upto == k) break;
     res = mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag);
     if (res != mcclSuccess) break;
   }

@@ -1,7 +1,8 @@
 /*
  * test_mismatch.c: a mismatched collective fails on every rank and leaves every output untouched.
  *
- * One rank (the odd one) issues a collective that differs from the others' in count, or in kind.
+ * One rank (the odd one) issues a collective that differs from the others' in count, or in kind
+ * (all-to-allv: in the count of one pair, found by that pair's other rank or by the odd rank).
  * Every collective, at sizes that select each algorithm (recursive doubling / Bruck / trees, the
  * scatter-allgather broadcast, rings and the chain), on 2, 3, 4, 5 and 8 ranks (a pair,
  * folded doubling, powers of two), with the odd rank in the middle and at rank 0 (a root):
@@ -15,23 +16,37 @@
 
 #include "harness.h"
 
-enum { AR, BCAST, AG, RS, REDUCE, GATHER, SCATTER, A2A, NKINDS };
+enum { AR, BCAST, AG, RS, REDUCE, GATHER, SCATTER, A2A, A2AV, NKINDS };
 static const char* kind_names[NKINDS] = {"allreduce", "broadcast", "allgather", "reducescatter",
-                                         "reduce", "gather", "scatter", "alltoall"};
+                                         "reduce", "gather", "scatter", "alltoall", "alltoallv"};
 
 typedef struct {
   int kind, odd_kind; /* odd_kind: what the odd rank issues instead (== kind: a count mismatch) */
   size_t count;       /* elements: per-rank block for AG/RS/GATHER/SCATTER/A2A, else the buffer */
   int odd;            /* the rank that differs */
   mcclAlgorithm_t algo;
+  int sender_side;    /* A2AV: the odd rank sends one element less to rank odd+1 (0: expects one
+                         element less from it); all other pairs match */
 } mismatchCase;
 
 /* Elements of the input and output buffers of `kind` with per-rank count `c` on n ranks. */
 static size_t inElems(int kind, size_t c, int n) {
-  return (kind == RS || kind == SCATTER || kind == A2A) ? c * (size_t)n : c;
+  return (kind == RS || kind == SCATTER || kind == A2A || kind == A2AV) ? c * (size_t)n : c;
 }
 static size_t outElems(int kind, size_t c, int n) {
-  return (kind == AG || kind == GATHER || kind == A2A) ? c * (size_t)n : c;
+  return (kind == AG || kind == GATHER || kind == A2A || kind == A2AV) ? c * (size_t)n : c;
+}
+
+/* All-to-allv of c elements per pair, except one pair that disagrees (mismatchCase.sender_side). */
+static mcclResult_t issueA2av(const int32_t* in, int32_t* out, size_t c, int r, int n, const mismatchCase* mc,
+                              mcclComm_t comm, const mcclOpOptions_t* o) {
+  size_t v[4 * 32];
+  for (int j = 0; j < n; j++) {
+    v[j] = v[2 * n + j] = c;
+    v[n + j] = v[3 * n + j] = (size_t)j * c;
+  }
+  if (r == mc->odd) v[(mc->sender_side ? 0 : 2 * n) + (r + 1) % n] = c - 1;
+  return mcclAllToAllv(in, v, v + n, out, v + 2 * n, v + 3 * n, mcclInt32, comm, o, NULL);
 }
 
 static mcclResult_t issue(int kind, const int32_t* in, int32_t* out, size_t c, mcclComm_t comm,
@@ -54,7 +69,7 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   if (comm == NULL) return 1;
   const int odd = r == mc->odd;
   const int kind = odd ? mc->odd_kind : mc->kind;
-  const size_t c = odd && mc->odd_kind == mc->kind ? mc->count + 1 : mc->count;
+  const size_t c = odd && mc->odd_kind == mc->kind && kind != A2AV ? mc->count + 1 : mc->count;
   const size_t nin = inElems(kind, c, n), nout = outElems(kind, c, n);
   int32_t* in = malloc(nin * sizeof(int32_t) + 1);
   int32_t* out = malloc(nout * sizeof(int32_t) + 1);
@@ -70,7 +85,7 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   memset(&o, 0, sizeof(o));
   o.algorithm = mc->algo;
   o.timeout_ms = 10000;
-  mcclResult_t res = issue(kind, in, out, c, comm, &o);
+  mcclResult_t res = kind == A2AV ? issueA2av(in, out, c, r, n, mc, comm, &o) : issue(kind, in, out, c, comm, &o);
   const char* msg = mcclGetLastError(comm);
   EXPECT(res != mcclSuccess, "%s x %s, count %zu, %d ranks, odd rank %d: rank %d succeeded",
          kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, mc->odd, r);
@@ -100,22 +115,27 @@ int main(void) {
     const int n = worlds[w];
     for (int k = 0; k < NKINDS; k++) {
       for (int s = 0; s < 3; s++) {
-        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto};
+        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
+        if (k == A2AV) { /* the pair that disagrees finds out at the other end */
+          mc.sender_side = 1;
+          harnessRunRanks(n, 60, mismatchUntouched, &mc);
+          cases++;
+        }
       }
       for (int a = 1; a < 3; a++) { /* each algorithm forced where there are two */
-        mismatchCase mc = {k, k, counts[1], n - 1, algos[a]};
+        mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
       }
     }
     /* The odd rank issues another kind with the same output size (all-gather of count/n), or the
      * same per-rank count. */
-    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto},      {AR, BCAST, 70000, 1, mcclAlgoAuto},
-                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto},   {AG, RS, 100, 0, mcclAlgoAuto},
-                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto},
-                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto}};
+    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto, 0},      {AR, BCAST, 70000, 1, mcclAlgoAuto, 0},
+                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto, 0},   {AG, RS, 100, 0, mcclAlgoAuto, 0},
+                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto, 0},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto, 0},
+                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto, 0}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
       harnessRunRanks(n, 60, mismatchUntouched, (void*)&kinds[i]);
       cases++;
