@@ -93,8 +93,9 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
  * all-gather, the ring reduce-scatter and the reduce tree have such chains by construction and
  * keep partial results in scratch until their last round; the rest use one of these two: */
 
-/* Agreement frames carry steps from here up; data frames use small step numbers. */
-#define MCCL_STEP_AGREE 0x40000000u
+/* Agreement frames carry steps from here up (the wire's control steps); data frames use small
+ * step numbers. */
+#define MCCL_STEP_AGREE MCCL_STEP_CONTROL
 
 /* For algorithms whose data are already in scratch: the dissemination pattern (Hensgen, Finkel
  * & Manber, 1988) with empty frames stamped with the op's header. In round k a rank sends to

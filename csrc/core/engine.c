@@ -140,10 +140,16 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
     mcclRequestFinish(req, mcclSuccess, "");
     return;
   }
-  snprintf(msg, sizeof(msg), "rank %d: %s #%llu (count %zu %s) failed after %.0f ms (timeout %lld ms): %s",
-           comm->rank, mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
-           mcclDtypeName(req->op.dtype), (double)(mcclNowNs() - start) / 1e6,
-           (long long)req->timeout_ms, comm->tp.error);
+  /* All-to-allv has no one count: name it, with the elements this rank sends. */
+  size_t count = req->op.count;
+  if (req->op.v != NULL) {
+    count = 0;
+    for (int p = 0; p < comm->nranks; p++) count += req->op.v[p];
+  }
+  snprintf(msg, sizeof(msg), "rank %d: %s%s #%llu (%s%zu %s) failed after %.0f ms (timeout %lld ms): %s",
+           comm->rank, mcclCollName(req->op.coll), req->op.v ? "v" : "", (unsigned long long)req->op.seq,
+           req->op.v ? "sends " : "count ", count, mcclDtypeName(req->op.dtype),
+           (double)(mcclNowNs() - start) / 1e6, (long long)req->timeout_ms, comm->tp.error);
   failCommunicator(comm, res, msg, sizeof(msg));
   mcclRequestFinish(req, res, msg);
 }

@@ -46,10 +46,22 @@ const char* mcclOpName(int op) {
 }
 
 void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap) {
-  snprintf(out, cap, "%s #%llu (count %llu %s, op %s, root %u; step %u, bytes %llu+%u)",
-           mcclCollName(f->coll), (unsigned long long)f->seq, (unsigned long long)f->count,
-           mcclDtypeName(f->dtype), mcclOpName(f->op), f->root, f->step,
-           (unsigned long long)f->offset, f->length);
+  /* Only the fields the collective uses: an op for reductions, a root for rooted collectives. */
+  const int reduces = f->coll == MCCL_COLL_ALLREDUCE || f->coll == MCCL_COLL_REDUCE ||
+                      f->coll == MCCL_COLL_REDUCE_SCATTER;
+  const int rooted = f->coll == MCCL_COLL_BROADCAST || f->coll == MCCL_COLL_REDUCE ||
+                     f->coll == MCCL_COLL_GATHER || f->coll == MCCL_COLL_SCATTER;
+  char op[48] = "", root[32] = "", step[48];
+  if (reduces) snprintf(op, sizeof(op), ", op %s", mcclOpName(f->op));
+  if (rooted) snprintf(root, sizeof(root), ", root %u", f->root);
+  if (f->step >= MCCL_STEP_CONTROL)
+    snprintf(step, sizeof(step), f->step == MCCL_STEP_CONTROL ? "announcement" : "agreement round %u",
+             f->step - MCCL_STEP_CONTROL);
+  else
+    snprintf(step, sizeof(step), "step %u", f->step);
+  snprintf(out, cap, "%s #%llu (count %llu %s%s%s; %s, bytes %llu+%u)", mcclCollName(f->coll),
+           (unsigned long long)f->seq, (unsigned long long)f->count, mcclDtypeName(f->dtype), op, root,
+           step, (unsigned long long)f->offset, f->length);
 }
 
 /* Write `why` and return `status`. */

@@ -211,6 +211,10 @@ mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_
  * "sent <got>, but the receiver expected <want> (<fields> differ)", when any field differs. */
 mcclWireStatus mcclFrameMatch(const mcclFrame* got, const mcclFrame* want, char* why, size_t cap);
 
+/* Steps from here up mark control frames without data (announcements, confirmations and
+ * agreement rounds, csrc/algo/algo.h); data frames use small step numbers. */
+#define MCCL_STEP_CONTROL 0x40000000u
+
 /* Human-readable names, for error messages (never NULL, also for values off the enums). */
 const char* mcclCollName(int coll);
 const char* mcclDtypeName(int dtype);
