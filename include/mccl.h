@@ -338,7 +338,9 @@ MCCL_API mcclResult_t mcclScatter(const void* sendbuf, void* recvbuf, size_t rec
                                   const mcclOpOptions_t* options, mcclRequest_t* request);
 
 /* recvbuf[p * count + i] = sendbuf of rank p [rank * count + i]: block j of every rank's sendbuf
- * goes to rank j. Both buffers hold nranks * count elements; not in place. Pairwise exchange. */
+ * goes to rank j. Both buffers hold nranks * count elements; not in place. Pairwise exchange.
+ * Every rank must call the same one of mcclAllToAll and mcclAllToAllv for a given all-to-all
+ * (the v form sends one more control frame per peer); mixing them fails with mcclMismatch. */
 MCCL_API mcclResult_t mcclAllToAll(const void* sendbuf, void* recvbuf, size_t count,
                                    mcclDataType_t datatype, mcclComm_t comm,
                                    const mcclOpOptions_t* options, mcclRequest_t* request);
