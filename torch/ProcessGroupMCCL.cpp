@@ -249,6 +249,11 @@ class Completer {
 
 thread_local bool Completer::tl_in_pool = false;
 
+// How long a shutdown waits for the completion pool. The pool is shared by every process group,
+// and what a shutdown waits for is the tail of completions already under way (microseconds), so
+// a bound well below a collective timeout keeps another group's slow callback from holding it.
+constexpr std::chrono::milliseconds kDrainLimit{10000};
+
 // Engine thread, exactly once: the buffers are final (or the collective failed). Hands the
 // completion to the Completer, which copies staged outputs back, completes the Work and its Future
 // with the outputs, and then drops the Work's hold on itself.
@@ -367,7 +372,7 @@ ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store,
 
 ProcessGroupMCCL::~ProcessGroupMCCL() {
   if (comm_ != nullptr) mcclCommDestroy(comm_);
-  Completer::get().drain(timeout_);
+  Completer::get().drain(kDrainLimit);
 }
 
 void ProcessGroupMCCL::checkRoot(int64_t root, const char* op) const {
@@ -878,7 +883,7 @@ void ProcessGroupMCCL::shutdown() {
     comm_ = nullptr;
     mcclCommDestroy(c);  // every Work released: their completions are posted
   }
-  Completer::get().drain(timeout_);
+  Completer::get().drain(kDrainLimit);
 }
 
 }  // namespace mccl
