@@ -247,10 +247,7 @@ mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncem
   a->done = 1;
   if (!enabled || n == 1) return mcclSuccess;
   a->x = calloc((size_t)(n - 1) * 2, sizeof(mcclXfer));
-  if (a->x == NULL) {
-    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %d announcements", 2 * (n - 1));
-    return mcclSystemError;
-  }
+  if (a->x == NULL) return mcclAlgoOutOfMemory(ctx, (size_t)(n - 1) * 2 * sizeof(mcclXfer));
   a->n = 2 * (n - 1);
   a->done = 0;
   for (int k = 1; k < n; k++) { /* to r+1 first: the ring's own link */
