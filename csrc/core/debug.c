@@ -91,6 +91,14 @@ void mcclSetThreadError(const char* fmt, ...) {
 
 const char* mcclThreadError(void) { return thread_error; }
 
+void mcclThreadSetName(const char* name) {
+#if defined(__APPLE__)
+  pthread_setname_np(name); /* macOS names only the calling thread */
+#else
+  pthread_setname_np(pthread_self(), name);
+#endif
+}
+
 int64_t mcclNowNs(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

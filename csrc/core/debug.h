@@ -67,6 +67,10 @@ void mcclLog(mcclLogLevel level, mcclSubsys sub, const char* file, int line, con
 void mcclSetThreadError(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 const char* mcclThreadError(void);
 
+/* Name the calling thread (at most 15 characters; shown by top -H and /proc/<pid>/task/<tid>/comm,
+ * where the benchmarks find each thread's CPU time). Best effort. */
+void mcclThreadSetName(const char* name);
+
 /* Monotonic clock in nanoseconds. */
 int64_t mcclNowNs(void);
 
