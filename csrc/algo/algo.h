@@ -185,6 +185,12 @@ typedef struct {
   int announce;            /* run an mcclAnnouncement alongside and write `out` only once it is
                               done: until then every receive lands in staging and waits there */
   size_t in_base;          /* sends from op->sendbuf read element (chunk offset - in_base) */
+  int reuse_lag;           /* > 0: the receive at step t overwrites what the send at step
+                              t - reuse_lag read (the all-reduce's all-gather half lands on the
+                              partial sums its reduce-scatter half sent), so segment j of that
+                              receive is posted only once segment j of that send is complete:
+                              a sender thread may still be reading it (the peer cannot answer
+                              before the bytes left, but only `complete` orders the two threads) */
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

@@ -67,17 +67,22 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
 
   mcclXfer sx[64], rx[64];
   size_t runit[64];   /* the unit each posted receive slot holds */
+  size_t sunit[64];   /* the unit each posted send slot holds */
   uint8_t staged[64]; /* it lands in staging: reductions, and copies until announced */
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
 
   for (;;) {
+    /* Every send unit before this one is complete. */
+    size_t sent_upto = s_done < s_posted ? sunit[s_done % (size_t)depth] : su;
     /* Post receives: straight into recvbuf for copies, into a staging slot for reductions. */
     while (r_posted - r_done < (size_t)depth && ru < nunits) {
       int t = (int)(ru / nseg);
       int c = p->recv_chunk[t];
       mcclSeg s = c < 0 ? (mcclSeg){0, 0} : segmentOf(p, c, nseg, ru % nseg);
       if (s.len == 0) { ru++; continue; }
+      if (p->reuse_lag > 0 && t >= p->reuse_lag && sent_upto <= (size_t)(t - p->reuse_lag) * nseg + ru % nseg)
+        break;
       size_t slot = r_posted % (size_t)depth;
       mcclXfer* x = &rx[slot];
       memset(x, 0, sizeof(*x));
@@ -109,6 +114,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       x->buf = p->send_from_input[t] ? (char*)in + (s.off - p->in_base) * esz : out + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostSend(ctx->tp, p->send_peer, x);
+      sunit[slot] = su;
       s_posted++;
       su++;
     }
@@ -184,7 +190,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
@@ -216,7 +222,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -305,7 +311,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   }
   /* Frames carry byte offsets into the whole output. */
   mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
-                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r]};
+                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
   free(chunks);
@@ -325,6 +331,6 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mod(r + 1, n), mod(r - 1, n), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0};
   return mcclRingRun(ctx, op, &plan);
 }

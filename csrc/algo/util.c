@@ -22,6 +22,7 @@ char* mcclAlgoScratch(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->scratc
 char* mcclAlgoWork(mcclAlgoCtx* ctx, size_t bytes) { return grow(&ctx->work, &ctx->work_bytes, bytes); }
 
 mcclResult_t mcclAlgoOutOfMemory(mcclAlgoCtx* ctx, size_t bytes) {
+  mcclTransportHalt(ctx->tp); /* the caller unwinds: what it posted must not be written any more */
   snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu bytes of intermediate results", bytes);
   return mcclSystemError;
 }
@@ -86,14 +87,14 @@ static mcclResult_t waitAll(mcclAlgoCtx* ctx, const mcclOp* op, const mcclXfer* 
 
 static mcclXfer* xferArray(mcclAlgoCtx* ctx, size_t n, mcclXfer* stack, size_t stack_n) {
   mcclXfer* xs = n <= stack_n ? stack : (n > SIZE_MAX / sizeof(mcclXfer) ? NULL : malloc(n * sizeof(mcclXfer)));
-  if (xs == NULL) snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory for %zu frames", n);
+  if (xs == NULL) (void)mcclAlgoOutOfMemory(ctx, n > SIZE_MAX / sizeof(mcclXfer) ? SIZE_MAX : n * sizeof(mcclXfer));
   return xs;
 }
 
 mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeerIo* ios, int nios) {
   size_t nframes = 0;
   for (int i = 0; i < nios; i++) nframes += framesOf(ctx, &ios[i]);
-  mcclXfer stack_xfers[16];
+  mcclXfer stack_xfers[16] = {{0}}; /* zeroed: gcc cannot see that only posted ones are read */
   mcclXfer* xs = xferArray(ctx, nframes, stack_xfers, 16);
   if (xs == NULL) return mcclSystemError;
   size_t k = 0;

@@ -282,6 +282,8 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     }
     close(listen_fd); /* the mesh is complete: nobody else may connect */
     listen_fd = -1;
+    if (mcclParamInt("MCCL_SEND_THREAD") && mcclTransportStartSender(&comm->tp) != mcclSuccess)
+      WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
     res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, deadline);
     if (res != mcclSuccess) goto fail;
@@ -310,7 +312,6 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     goto fail;
   }
   comm->engine_started = 1;
-  pthread_setname_np(comm->engine, "mccl-engine"); /* benchmarks find its CPU time by this name */
   free(addrs);
   *out = comm;
   return mcclSuccess;

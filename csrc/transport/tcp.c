@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,17 +339,130 @@ done:
 
 /* ---- data transfers ---------------------------------------------------------------------- */
 
+/* The sending side on a thread of its own (mcclTransportStartSender). The owner appends to the
+ * send queues and the sender thread pops them, both under `mu`. A socket, x->done and
+ * c->send_midframe are written by the sender thread while the queue is not empty, and by the
+ * owner only under `mu` with the queue empty (small frames, mcclTransportPostSend). Whoever
+ * finishes a transfer sets x->complete after its last access to x. */
+struct mcclSender {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;          /* `busy` fell, or `halted`/`stop` changed */
+  int wake[2];                /* self-pipe: a queue went from empty to not, or stop */
+  atomic_int wake_pending;
+  int stop, busy;             /* under mu; busy: between its scan of the queues and its next
+                                 wait, the thread may touch queued transfers without the lock */
+  int halted;                 /* under mu, set and cleared by the owner (mcclTransportHalt) */
+  atomic_int failed;          /* a write failed: result, peer, err and error say how */
+  mcclResult_t result;
+  int failed_peer, failed_errno;
+  char error[768];
+  struct pollfd* pfds;        /* nranks + 1 */
+  int* pfd_peer;
+  uint8_t* queued;            /* [nranks] the thread's scratch: peers with sends queued */
+  uint8_t* owner_queued;      /* [nranks] the same, the owner's scratch (mcclTransportProgress) */
+};
+
+/* The text of a lost connection: "rank P (addr) closed the connection while rank R was ...". */
+static void lostText(const mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err,
+                     char* out, size_t cap) {
+  char desc[200];
+  mcclFrameDescribe(f, desc, sizeof(desc));
+  snprintf(out, cap, "rank %d (%s) %s while rank %d was %s %s; the peer process probably exited or failed",
+           peer, t->conns[peer].addr, err == 0 ? "closed the connection" : strerror(err), t->rank, what, desc);
+}
+
+static mcclResult_t peerLost(mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err) {
+  mcclConn* c = &t->conns[peer];
+  if (!c->dead) {
+    c->dead = 1;
+    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s",
+             err == 0 ? "closed the connection" : strerror(err));
+  }
+  lostText(t, peer, what, f, err, t->error, sizeof(t->error));
+  return mcclRemoteError;
+}
+
+static void pipeWake(int fd, atomic_int* pending) {
+  if (fd >= 0 && !atomic_exchange(pending, 1)) {
+    char b = 1;
+    ssize_t ignored = write(fd, &b, 1);
+    (void)ignored;
+  }
+}
+
+/* Empty a self-pipe, then clear `pending`: while it is set, a byte is in the pipe or about to be
+ * written, so a waker that finds it set may skip its write. (Cleared before reading, a write that
+ * raced the read would be drained and leave `pending` set over an empty pipe: every later wake
+ * lost.) The caller looks at the shared state after this. */
+static void pipeDrain(int fd, atomic_int* pending) {
+  char drain[64];
+  while (read(fd, drain, sizeof(drain)) > 0) {}
+  atomic_store(pending, 0);
+}
+
+/* Write what the socket takes of x's header and payload, from x->done on. Returns the bytes
+ * written, or -1 with errno (EAGAIN: the socket is full). */
+static ssize_t frameWrite(int fd, mcclXfer* x) {
+  struct iovec iov[2];
+  int niov = 0;
+  if (x->done < MCCL_FRAME_BYTES) {
+    iov[niov].iov_base = x->hdr + x->done;
+    iov[niov].iov_len = MCCL_FRAME_BYTES - x->done;
+    niov++;
+  }
+  size_t pdone = x->done > MCCL_FRAME_BYTES ? x->done - MCCL_FRAME_BYTES : 0;
+  if (x->bytes > pdone) {
+    iov[niov].iov_base = x->buf + pdone;
+    iov[niov].iov_len = x->bytes - pdone;
+    niov++;
+  }
+  struct msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = iov;
+  msg.msg_iovlen = (size_t)niov;
+  return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* With a sender thread, a frame smaller than this that finds its queue empty is written by the
+ * owner itself, right away: copying it costs less than waking the sender thread and being woken
+ * back (a few microseconds each way), which is what small collectives' latency is made of. */
+#define MCCL_SEND_INLINE_BYTES (64 * 1024)
+
 void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
   mcclConn* c = &t->conns[peer];
+  mcclSender* s = t->sender;
   x->next = NULL;
   x->done = 0;
-  x->complete = 0;
+  atomic_store(&x->complete, 0);
   if (x->frame.type == 0) x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
   mcclFrameEncode(x->hdr, &x->frame);
+  if (s != NULL) pthread_mutex_lock(&s->mu);
+  int was_empty = c->sq_head == NULL;
+  if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted) {
+    /* The queue is empty and we hold the lock, so the thread is not writing this socket. What
+     * does not fit (or fails) is queued below, from x->done on; the thread finds any error. */
+    ssize_t n;
+    do n = frameWrite(c->fd, x);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) x->done = (size_t)n;
+    c->send_midframe = x->done > 0 && x->done < MCCL_FRAME_BYTES + x->bytes;
+    if (x->done == MCCL_FRAME_BYTES + x->bytes) {
+      pthread_mutex_unlock(&s->mu);
+      atomic_store(&x->complete, 1);
+      return;
+    }
+  }
   if (c->sq_tail) c->sq_tail->next = x;
   else c->sq_head = x;
   c->sq_tail = x;
+  if (s != NULL) {
+    pthread_mutex_unlock(&s->mu);
+    /* A queue that was not empty is already in the thread's hands (being written, or waiting
+     * for room in the socket); an empty one it has stopped looking at. */
+    if (was_empty) pipeWake(s->wake[1], &s->wake_pending);
+  }
 }
 
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
@@ -363,58 +477,164 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   c->rq_tail = x;
 }
 
-static mcclResult_t peerLost(mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err) {
+/* Move bytes from the head sends of `c` until the socket is full or the queue empty: returns 0
+ * when the queue is empty, 1 when the socket is full, -1 after an error (described in err[cap]
+ * with *err_no set; the owner marks the connection dead). With a sender thread this runs on it,
+ * and the queue's head is read and popped under its lock. */
+static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_no) {
   mcclConn* c = &t->conns[peer];
-  char desc[200];
-  mcclFrameDescribe(f, desc, sizeof(desc));
-  if (!c->dead) {
-    c->dead = 1;
-    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s",
-             err == 0 ? "closed the connection" : strerror(err));
-  }
-  snprintf(t->error, sizeof(t->error),
-           "rank %d (%s) %s while rank %d was %s %s; the peer process probably exited or failed",
-           peer, c->addr, err == 0 ? "closed the connection" : strerror(err), t->rank, what, desc);
-  return mcclRemoteError;
-}
-
-/* Move bytes from the head sends of `c` until the socket is full. */
-static mcclResult_t connSend(mcclTransport* t, int peer) {
-  mcclConn* c = &t->conns[peer];
-  while (c->sq_head != NULL) {
+  mcclSender* s = t->sender;
+  for (;;) {
+    if (s != NULL) pthread_mutex_lock(&s->mu);
     mcclXfer* x = c->sq_head;
-    struct iovec iov[2];
-    int niov = 0;
-    if (x->done < MCCL_FRAME_BYTES) {
-      iov[niov].iov_base = x->hdr + x->done;
-      iov[niov].iov_len = MCCL_FRAME_BYTES - x->done;
-      niov++;
-    }
-    size_t pdone = x->done > MCCL_FRAME_BYTES ? x->done - MCCL_FRAME_BYTES : 0;
-    if (x->bytes > pdone) {
-      iov[niov].iov_base = x->buf + pdone;
-      iov[niov].iov_len = x->bytes - pdone;
-      niov++;
-    }
-    struct msghdr msg;
-    memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = iov;
-    msg.msg_iovlen = (size_t)niov;
-    ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (s != NULL) pthread_mutex_unlock(&s->mu);
+    if (x == NULL) return 0;
+    ssize_t n = frameWrite(c->fd, x);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return mcclSuccess;
-      return peerLost(t, peer, "sending", &x->frame, errno);
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
+      *err_no = errno;
+      lostText(t, peer, "sending", &x->frame, errno, err, cap);
+      return -1;
     }
     x->done += (size_t)n;
     c->send_midframe = x->done < MCCL_FRAME_BYTES + x->bytes;
     if (!c->send_midframe) {
-      x->complete = 1;
+      if (s != NULL) pthread_mutex_lock(&s->mu);
       c->sq_head = x->next;
       if (c->sq_head == NULL) c->sq_tail = NULL;
+      if (s != NULL) pthread_mutex_unlock(&s->mu);
+      atomic_store(&x->complete, 1); /* the last access: the owner may reuse x from here on */
+      if (s != NULL) mcclTransportWake(t);
     }
   }
+}
+
+/* The sender thread: write every queue until its socket is full, then wait for room in those
+ * sockets or for a queue to fill. */
+static void* senderMain(void* arg) {
+  mcclTransport* t = arg;
+  mcclSender* s = t->sender;
+  mcclThreadSetName("mccl-send");
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while ((s->halted || atomic_load(&s->failed)) && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+    if (s->stop) break;
+    s->busy = 1;
+    for (int r = 0; r < t->nranks; r++) s->queued[r] = t->conns[r].sq_head != NULL && t->conns[r].fd >= 0;
+    pthread_mutex_unlock(&s->mu);
+    int np = 0;
+    for (int r = 0; r < t->nranks && !atomic_load(&s->failed); r++) {
+      mcclConn* c = &t->conns[r];
+      if (!s->queued[r]) continue;
+      if (!c->send_blocked) {
+        int st = connSend(t, r, s->error, sizeof(s->error), &s->failed_errno);
+        if (st < 0) {
+          s->result = mcclRemoteError;
+          s->failed_peer = r;
+          atomic_store(&s->failed, 1);
+          mcclTransportWake(t);
+          break;
+        }
+        c->send_blocked = st == 1;
+      }
+      if (c->send_blocked) {
+        s->pfds[np].fd = c->fd;
+        s->pfds[np].events = POLLOUT;
+        s->pfd_peer[np++] = r;
+      }
+    }
+    if (!atomic_load(&s->failed)) {
+      s->pfds[np].fd = s->wake[0];
+      s->pfds[np].events = POLLIN;
+      s->pfds[np].revents = 0;
+      if (poll(s->pfds, (nfds_t)np + 1, 1000) > 0) {
+        for (int k = 0; k < np; k++)
+          if (s->pfds[k].revents != 0) t->conns[s->pfd_peer[k]].send_blocked = 0;
+        if (s->pfds[np].revents & POLLIN) pipeDrain(s->wake[0], &s->wake_pending);
+      }
+    }
+    pthread_mutex_lock(&s->mu);
+    s->busy = 0;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+mcclResult_t mcclTransportStartSender(mcclTransport* t) {
+  if (t->sender != NULL || t->nranks < 2) return mcclSuccess;
+  mcclSender* s = calloc(1, sizeof(*s));
+  if (s != NULL) {
+    s->wake[0] = s->wake[1] = -1;
+    s->pfds = calloc((size_t)t->nranks + 1, sizeof(struct pollfd));
+    s->pfd_peer = calloc((size_t)t->nranks + 1, sizeof(int));
+    s->queued = calloc((size_t)t->nranks * 2, 1);
+    if (s->queued != NULL) s->owner_queued = s->queued + t->nranks;
+  }
+  if (s == NULL || !s->pfds || !s->pfd_peer || !s->queued || pipe(s->wake) != 0) {
+    snprintf(t->error, sizeof(t->error), "cannot set up the sender thread: %s",
+             s == NULL || !s->pfds || !s->pfd_peer || !s->queued ? "out of memory" : strerror(errno));
+    if (s != NULL) { free(s->pfds); free(s->pfd_peer); free(s->queued); }
+    free(s);
+    return mcclSystemError;
+  }
+  for (int k = 0; k < 2; k++) {
+    fcntl(s->wake[k], F_SETFL, O_NONBLOCK);
+    fcntl(s->wake[k], F_SETFD, FD_CLOEXEC);
+  }
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  for (int r = 0; r < t->nranks; r++) t->conns[r].send_blocked = 0;
+  t->sender = s;
+  int rc = pthread_create(&s->thread, NULL, senderMain, t);
+  if (rc != 0) {
+    t->sender = NULL;
+    snprintf(t->error, sizeof(t->error), "cannot start the sender thread: %s", strerror(rc));
+    close(s->wake[0]);
+    close(s->wake[1]);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->pfds); free(s->pfd_peer); free(s->queued);
+    free(s);
+    return mcclSystemError;
+  }
   return mcclSuccess;
+}
+
+void mcclTransportStopSender(mcclTransport* t) {
+  mcclSender* s = t->sender;
+  if (s == NULL) return;
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  char b = 1;
+  ssize_t ignored = write(s->wake[1], &b, 1);
+  (void)ignored;
+  pthread_join(s->thread, NULL);
+  t->sender = NULL;
+  close(s->wake[0]);
+  close(s->wake[1]);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s->pfds); free(s->pfd_peer); free(s->queued);
+  free(s);
+}
+
+/* The sender thread's failure, reported on the owner's thread as a receive error would be. */
+static mcclResult_t senderFailed(mcclTransport* t) {
+  mcclSender* s = t->sender;
+  pthread_mutex_lock(&s->mu); /* pairs with the thread's writes before `failed` */
+  mcclConn* c = &t->conns[s->failed_peer];
+  if (!c->dead) {
+    c->dead = 1;
+    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s", strerror(s->failed_errno));
+  }
+  snprintf(t->error, sizeof(t->error), "%s", s->error);
+  mcclResult_t res = s->result;
+  pthread_mutex_unlock(&s->mu);
+  return res;
 }
 
 /* Compare an arrived header with the one posted (wire.c); mcclMismatch with both described. */
@@ -558,6 +778,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
 }
 
 static void describeStall(mcclTransport* t) {
+  mcclSender* snd = t->sender; /* its lock keeps the queues' heads in place while read */
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     char desc[200];
@@ -571,7 +792,9 @@ static void describeStall(mcclTransport* t) {
       return;
     }
   }
-  for (int r = 0; r < t->nranks; r++) {
+  if (snd != NULL) pthread_mutex_lock(&snd->mu);
+  int found = 0;
+  for (int r = 0; r < t->nranks && !found; r++) {
     mcclConn* c = &t->conns[r];
     char desc[200];
     if (c->sq_head != NULL) {
@@ -580,13 +803,16 @@ static void describeStall(mcclTransport* t) {
                "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
                "that rank is stalled or issued different collectives",
                t->rank, desc, r, c->addr);
-      return;
+      found = 1;
     }
   }
-  snprintf(t->error, sizeof(t->error), "timed out");
+  if (snd != NULL) pthread_mutex_unlock(&snd->mu);
+  if (!found) snprintf(t->error, sizeof(t->error), "timed out");
 }
 
-mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
+static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
+  mcclSender* snd = t->sender;
+  if (snd != NULL && atomic_load(&snd->failed)) return senderFailed(t);
   if (t->p2p.round != NULL) t->p2p.round(t->p2p.ctx);
   /* A header read earlier and held for lack of a posted receive needs no poll once one is
    * posted: its bytes are already here (an empty frame has no more). */
@@ -597,24 +823,34 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
       ready = 1;
     }
   }
-  int np = 0;
+  /* With a sender thread, queued sends are its to write: this thread only waits for their
+   * completions (its wake pipe) while any are queued. */
+  if (snd != NULL) {
+    pthread_mutex_lock(&snd->mu);
+    for (int r = 0; r < t->nranks; r++) snd->owner_queued[r] = t->conns[r].sq_head != NULL;
+    pthread_mutex_unlock(&snd->mu);
+  }
+  int np = 0, sending = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (r == t->rank) continue;
-    short events = (short)((wantRead(t, r) ? POLLIN : 0) | (c->sq_head ? POLLOUT : 0));
-    if (events == 0) continue;
+    int rd = wantRead(t, r), wr = snd != NULL ? snd->owner_queued[r] : c->sq_head != NULL;
+    if (!rd && !wr) continue;
     if (c->fd < 0 || c->dead) {
       snprintf(t->error, sizeof(t->error), "rank %d (%s) is no longer connected (%s)", r, c->addr,
                c->dead ? c->dead_reason : "never connected");
       return mcclRemoteError;
     }
+    if (snd != NULL && wr) sending = 1;
+    short events = (short)((rd ? POLLIN : 0) | (wr && snd == NULL ? POLLOUT : 0));
+    if (events == 0) continue;
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = events;
     t->pfd_peer[np] = r;
     np++;
   }
-  t->idle = np == 0;
-  if (np == 0) return mcclSuccess;
+  t->idle = np == 0 && !sending;
+  if (t->idle) return mcclSuccess;
   t->pfds[np].fd = t->wake[0];
   t->pfds[np].events = POLLIN;
   int64_t now = mcclNowNs();
@@ -638,42 +874,71 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
     }
     return mcclSuccess;
   }
-  if (t->pfds[np].revents & POLLIN) {
-    char drain[64];
-    while (read(t->wake[0], drain, sizeof(drain)) > 0) {}
-  }
+  if (t->pfds[np].revents & POLLIN) pipeDrain(t->wake[0], &t->wake_pending);
   for (int k = 0; k < np; k++) {
     short re = t->pfds[k].revents;
     if (re == 0) continue;
     int peer = t->pfd_peer[k];
     if (re & (POLLIN | POLLERR | POLLHUP)) MCCLCHECK(connRecv(t, peer));
-    if (re & (POLLOUT | POLLERR | POLLHUP)) MCCLCHECK(connSend(t, peer));
+    if (snd == NULL && (re & (POLLOUT | POLLERR | POLLHUP))) {
+      int err_no = 0;
+      if (connSend(t, peer, t->error, sizeof(t->error), &err_no) < 0) {
+        mcclConn* c = &t->conns[peer];
+        if (!c->dead) {
+          c->dead = 1;
+          snprintf(c->dead_reason, sizeof(c->dead_reason), "%s", strerror(err_no));
+        }
+        return mcclRemoteError;
+      }
+    }
   }
   return mcclSuccess;
 }
 
+mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
+  mcclSender* snd = t->sender;
+  if (snd != NULL && snd->halted) { /* only this thread sets it: no lock needed to read it */
+    pthread_mutex_lock(&snd->mu);
+    snd->halted = 0;
+    pthread_cond_broadcast(&snd->cv);
+    pthread_mutex_unlock(&snd->mu);
+    pipeWake(snd->wake[1], &snd->wake_pending);
+  }
+  mcclResult_t res = progressRound(t, deadline_ns, abort_flag);
+  /* The caller unwinds on an error, and the transfers it posted go with its frames. */
+  if (res != mcclSuccess) mcclTransportHalt(t);
+  return res;
+}
+
+void mcclTransportHalt(mcclTransport* t) {
+  mcclSender* s = t->sender;
+  if (s == NULL) return;
+  pthread_mutex_lock(&s->mu);
+  s->halted = 1;
+  pthread_mutex_unlock(&s->mu);
+  pipeWake(s->wake[1], &s->wake_pending);
+  pthread_mutex_lock(&s->mu);
+  while (s->busy) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
 void mcclTransportIdleWait(mcclTransport* t, int timeout_ms) {
   struct pollfd pf = {t->wake[0], POLLIN, 0};
-  if (t->wake[0] >= 0 && poll(&pf, 1, timeout_ms) > 0) {
-    char drain[64];
-    while (read(t->wake[0], drain, sizeof(drain)) > 0) {}
-  }
+  if (t->wake[0] >= 0 && poll(&pf, 1, timeout_ms) > 0) pipeDrain(t->wake[0], &t->wake_pending);
 }
 
 void mcclTransportCancel(mcclTransport* t) {
+  mcclSender* s = t->sender;
+  mcclTransportHalt(t); /* off the queues until the next progress round */
+  if (s != NULL) pthread_mutex_lock(&s->mu);
   for (int r = 0; r < t->nranks; r++) {
     t->conns[r].sq_head = t->conns[r].sq_tail = NULL;
     t->conns[r].rq_head = t->conns[r].rq_tail = NULL;
   }
+  if (s != NULL) pthread_mutex_unlock(&s->mu);
 }
 
-void mcclTransportWake(mcclTransport* t) {
-  if (t->wake[1] >= 0) {
-    char b = 1;
-    ssize_t ignored = write(t->wake[1], &b, 1);
-    (void)ignored;
-  }
-}
+void mcclTransportWake(mcclTransport* t) { pipeWake(t->wake[1], &t->wake_pending); }
 
 /* How long a failing rank keeps reading after it said why, so that closing its sockets with
  * unread bytes (which makes the kernel send a reset) cannot destroy the ABORT frame before the
@@ -696,6 +961,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     reason = clipped;
     len = MCCL_MAX_ABORT_REASON;
   }
+  mcclTransportStopSender(t); /* what is half-written stays so: send_midframe is final */
   /* Peers that already failed or closed have spoken; the others may yet, during the linger. */
   char* heard = calloc((size_t)t->nranks, 1);
   for (int r = 0; r < t->nranks && heard != NULL; r++) heard[r] = r == t->rank || t->conns[r].fd < 0 || t->conns[r].dead;
@@ -793,6 +1059,7 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
 }
 
 void mcclTransportClose(mcclTransport* t) {
+  mcclTransportStopSender(t);
   if (t->conns != NULL)
     for (int r = 0; r < t->nranks; r++)
       if (t->conns[r].fd >= 0) close(t->conns[r].fd);

@@ -9,7 +9,11 @@
  * ahead is held back by TCP's own window (bounded by the socket buffers) and nothing is parked.
  *
  * Threading: a transport is owned by its communicator's engine thread; only mcclTransportWake
- * may be called from other threads.
+ * may be called from other threads. After mcclTransportStartSender the sending side runs on a
+ * thread of its own (the producer/consumer split: the owner posts sends and is woken as they
+ * complete; the sender thread writes them): sending and receiving then each get a core, which
+ * is what bounds throughput when the kernel's socket copies, not a wire, are the bottleneck
+ * (loopback). The owner still calls everything else from one thread.
  */
 #ifndef MCCL_TCP_H_
 #define MCCL_TCP_H_
@@ -32,7 +36,8 @@ typedef struct mcclXfer {
   char* buf;                      /* payload source or destination */
   size_t bytes;                   /* payload bytes (== frame.length) */
   size_t done;                    /* header + payload bytes moved so far */
-  int complete;
+  atomic_int complete;            /* set last, after the transport's final access: from then on
+                                     the owner may reuse or free the transfer */
 } mcclXfer;
 
 /* Receive-side state of a connection: what the bytes arriving next are. */
@@ -43,6 +48,7 @@ typedef struct mcclConn {
   char addr[MCCL_ADDR_STRLEN];    /* the peer's published address */
   mcclXfer *sq_head, *sq_tail;    /* sends, in order */
   int send_midframe;              /* the head send is partly written: nothing may cut in */
+  int send_blocked;               /* sender thread: the socket was full at the last write */
   uint8_t rhdr[MCCL_FRAME_BYTES]; /* the frame header being read */
   size_t rhdr_got;
   int rx_mode;                    /* MCCL_RX_*: reading a header, a collective payload, a
@@ -82,10 +88,15 @@ typedef struct {
   void (*round)(void* ctx);
 } mcclP2pHooks;
 
+/* The sending side's thread (tcp.c); NULL in a transport whose owner sends too. */
+typedef struct mcclSender mcclSender;
+
 typedef struct mcclTransport {
   int rank, nranks;
   mcclConn* conns;                /* [nranks]; conns[rank] unused */
   int wake[2];                    /* self-pipe: mcclTransportWake interrupts a poll */
+  atomic_int wake_pending;        /* a byte is in the pipe and not yet drained: no need for more */
+  mcclSender* sender;             /* see mcclTransportStartSender */
   struct pollfd* pfds;            /* scratch for mcclTransportProgress, nranks + 1 */
   int* pfd_peer;
   char self_addr[MCCL_ADDR_STRLEN];
@@ -118,16 +129,35 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x);
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
 
 /* One round: wait (until `deadline_ns` at most) for any posted transfer to make progress and move
- * as many bytes as the sockets take. Returns mcclSuccess (maybe with nothing completed),
+ * as many bytes as the sockets take (with a sender thread: the receives; the sends move there).
+ * Returns mcclSuccess (maybe with nothing completed),
  * mcclTimeout when the deadline passed with transfers still posted, mcclAborted when `abort_flag`
  * is set, or the error of a peer (mcclRemoteError, mcclMismatch, mcclProtocolError,
  * mcclSystemError) with t->error saying which peer and which frame. */
 mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag);
 
+/* Move the sending side onto a thread of its own ("mccl-send"): posted sends are written there,
+ * in the same per-peer FIFO order, and each completion wakes the owner's mcclTransportProgress.
+ * A write error is reported by the owner's next mcclTransportProgress, like a receive error.
+ * Returns mcclSystemError (t->error says why) when the thread or its pipe cannot be made; the
+ * transport then keeps sending on the owner's thread. */
+mcclResult_t mcclTransportStartSender(mcclTransport* t);
+
+/* Join the sender thread (a no-op without one); the sends still queued stay queued and move on
+ * the owner's thread again. mcclTransportFail and mcclTransportClose call it first. */
+void mcclTransportStopSender(mcclTransport* t);
+
+/* Keep the sender thread (if any) off every posted transfer until the next
+ * mcclTransportProgress: for an owner about to unwind after an error, whose posted transfers go
+ * away with it. Returns once the thread has let go of them. mcclTransportProgress does this
+ * itself before it returns an error. */
+void mcclTransportHalt(mcclTransport* t);
+
 /* Sleep until mcclTransportWake or `timeout_ms` (for an owner whose work all waits on others). */
 void mcclTransportIdleWait(mcclTransport* t, int timeout_ms);
 
-/* Forget every posted transfer (after an error: their buffers are no longer referenced). */
+/* Forget every posted transfer (after an error: their buffers are no longer referenced); a sender
+ * thread is halted first (mcclTransportHalt). */
 void mcclTransportCancel(mcclTransport* t);
 
 /* Interrupt a blocked mcclTransportProgress from any thread. */

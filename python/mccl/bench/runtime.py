@@ -31,9 +31,9 @@ import psutil
 from .. import cluster
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-#: Thread names (``/proc/<pid>/task/<tid>/comm``) of each backend's progress threads. libmccl does
-#: not name its engine thread yet, so for mccl the pattern matches nothing and the probe falls back
-#: to the CPU time of the whole process (and says so in every report).
+#: Thread names (``/proc/<pid>/task/<tid>/comm``) of each backend's progress threads: libmccl's
+#: "mccl-engine" and "mccl-send" (csrc/core/engine.c, csrc/transport/tcp.c). Where a pattern
+#: matches no thread the probe falls back to the CPU time of the whole process.
 ENGINE_THREADS = {"mccl": r"^mccl", "gloo": r"^(gloo|pt_gloo)"}
 
 
