@@ -7,7 +7,8 @@
 # segment:depth settings in $CFGS, and gloo), "a2awin" (all-to-all with MCCL_ALLTOALL_WINDOW in
 # $WINDOWS, and gloo, ROUNDS times) and "netdiag" (TCP counters of every host and tc counters of
 # every veth, dumped before and after each backend's large all-reduces, ROUNDS times;
-# bench/netdiag.py reads them).
+# bench/netdiag.py reads them), "loopst" (loopback on $LOOP_NPROCS ranks: mccl with
+# MCCL_SEND_THREAD in $SEND_THREADS, and gloo), "clst" (the same on the cluster, ROUNDS times).
 # OVERLAP_ARGS: extra options for the overlap stage (e.g. --compute-ms 100).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,18 @@ for st in ${STAGES:-tables skew bufsize overlap throughput}; do
               if [ $w = gloo ]; then be=gloo; else be=mccl; fi
               MCCL_ALLTOALL_WINDOW=${w/gloo/0} $B --cluster x0 --backends $be --goodput $GP --ops all_to_all -b 64K -e 64M -f 4 \
                 --bytes-per-size 256M --max-iters 100 --json $RES/a2a-$r-w$w.json > $RES/a2a-$r-w$w.txt 2>&1; done; done ;;
+    loopst) for n in ${LOOP_NPROCS:-4 8}; do for st in ${SEND_THREADS:-1 0} gloo; do
+              if [ $st = gloo ]; then be=gloo; st=1; else be=mccl; fi
+              MCCL_SEND_THREAD=$st timeout 300 $B --nproc $n --backends $be --goodput none \
+                --ops ${LOOP_OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all} --sizes ${LOOP_SIZES:-1K,64K,1M,16M,64M,256M} \
+                --bytes-per-size 256M --json $RES/lst-$n-$be-$st.json > $RES/lst-$n-$be-$st.txt 2>&1
+              done; done ;;
+    clst) for r in $(seq 1 ${ROUNDS:-1}); do for st in ${SEND_THREADS:-1 0} gloo; do
+              if [ $st = gloo ]; then be=gloo; st=1; else be=mccl; fi
+              MCCL_SEND_THREAD=$st $B --cluster x0 --backends $be --goodput $GP \
+                --ops ${CL_OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all} --sizes ${CL_SIZES:-1K,64K,1M,4M,16M,64M,256M} \
+                --bytes-per-size ${CL_BYTES:-256M} --json $RES/cst-$r-$be-$st.json > $RES/cst-$r-$be-$st.txt 2>&1
+              done; done ;;
     loopsweep) for n in ${LOOP_NPROCS:-2 8}; do for c in ${CFGS:-262144:4 1048576:4 4194304:4 262144:16} gloo; do
               if [ $c = gloo ]; then be=gloo; c=262144:4; else be=mccl; fi
               MCCL_SEGMENT_BYTES=${c%:*} MCCL_PIPELINE_DEPTH=${c#*:} timeout 120 $B --nproc $n --backends $be --goodput none \

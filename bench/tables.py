@@ -26,7 +26,7 @@ def goodput_of(meta: dict) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+")
+    ap.add_argument("files", nargs="+", help="JSON files of mccl.bench; A.json+B.json pools two runs (backends run separately)")
     ap.add_argument("--goodput", type=float, default=0.0, help="GB/s, overrides the JSON's")
     ap.add_argument("--ratios", action="store_true", help="one table of mccl/gloo busbw ratios")
     ap.add_argument("--ops", default="", help="comma-separated collectives to keep (default: all)")
@@ -36,10 +36,10 @@ def main() -> None:
         ratios(args.files, keep)
         return
     for path in args.files:
-        d = json.load(open(path))
+        d = json.load(open(path.split("+")[0]))
         gp = args.goodput or goodput_of(d.get("meta", {}))
         rows = defaultdict(dict)
-        for r in d["results"]:
+        for r in results_of(path):
             if not keep or r["op"] in keep:
                 rows[(r["op"], r["size"])][r["backend"]] = r
         ops = sorted({op for op, _ in rows}, key=lambda o: [k[0] for k in rows].index(o))
@@ -61,10 +61,15 @@ def main() -> None:
                       f"{cell(m, 'cpu_engine_pct', '%.0f')} | {cell(m, 'rss_extra_mib', '%.1f')} |")
 
 
+def results_of(path: str) -> list[dict]:
+    """The results of one JSON file, or of several joined by '+' (backends run separately)."""
+    return [r for p in path.split("+") for r in json.load(open(p))["results"]]
+
+
 def ratios(paths: list[str], keep: set[str]) -> None:
     table, sizes = {}, set()
     for path in paths:
-        for r in json.load(open(path))["results"]:
+        for r in results_of(path):
             if keep and r["op"] not in keep:
                 continue
             table.setdefault((r["op"], r["nranks"], path), {}).setdefault(r["size"], {})[r["backend"]] = r
@@ -77,7 +82,8 @@ def ratios(paths: list[str], keep: set[str]) -> None:
         for c in cols:
             m, g = by_size.get(c, {}).get("mccl"), by_size.get(c, {}).get("gloo")
             cells.append(f"{m['busbw'] / g['busbw']:.2f}" if m and g and g["busbw"] else "-")
-        print(f"| {op} | {n} | " + " | ".join(cells) + f" | {path.split('/')[-2]}/{path.split('/')[-1]} |")
+        src = " + ".join("/".join(p.split("/")[-2:]) for p in path.split("+"))
+        print(f"| {op} | {n} | " + " | ".join(cells) + f" | {src} |")
 
 
 if __name__ == "__main__":
