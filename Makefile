@@ -45,12 +45,13 @@ $(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h $(BUILD)/libmccl.
 CTEST_ENV ?=
 CTEST_SKIP ?=
 CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
-# The collectives, failures, mismatches and point-to-point tests run twice: with the sender
-# thread (the default) and with MCCL_SEND_THREAD=0, where the engine thread writes the sockets.
+# Every test runs with the sender thread (MCCL_SEND_THREAD=1: its default, -1, would leave it off
+# for many ranks on few cores, as here), and the collectives, failures, mismatches and
+# point-to-point tests again with MCCL_SEND_THREAD=0, where the engine thread writes the sockets.
 CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
-	$(CTEST_ENV) tests/c/run_tests.sh $(CTEST_BINS)
+	$(CTEST_ENV) MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(CTEST_BINS)
 	@echo "C tests again with MCCL_SEND_THREAD=0 (the engine thread sends)"
 	$(CTEST_ENV) MCCL_SEND_THREAD=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_INLINE)
 

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,16 @@ static void hostIdentity(char* out, size_t cap) {
   }
   if (gethostname(out, cap) != 0) snprintf(out, cap, "unknown");
   out[cap - 1] = '\0';
+}
+
+/* CPUs this process may run on (its affinity mask on Linux), at least 1. */
+static int onlineCpus(void) {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
 }
 
 /* Everything init allocates (sockets, threads' state, buffers) is freed by commFree, which
@@ -282,7 +293,12 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     }
     close(listen_fd); /* the mesh is complete: nobody else may connect */
     listen_fd = -1;
-    if (mcclParamInt("MCCL_SEND_THREAD") && mcclTransportStartSender(&comm->tp) != mcclSuccess)
+    int64_t send_thread = mcclParamInt("MCCL_SEND_THREAD");
+    int cpus = onlineCpus(), on_host = mcclTransportLocalRanks(&comm->tp);
+    if (send_thread < 0) send_thread = cpus >= 2 * on_host;
+    INFO(MCCL_SUB_INIT, "rank %d: %s (%d CPUs, %d ranks on this host)", comm->rank,
+         send_thread ? "sends on the mccl-send thread" : "the engine thread sends", cpus, on_host);
+    if (send_thread && mcclTransportStartSender(&comm->tp) != mcclSuccess)
       WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
     res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, deadline);
