@@ -117,6 +117,9 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm);
 void mcclP2pFree(struct mcclComm* comm);
 void mcclP2pSubmit(struct mcclComm* comm, struct mcclRequest* req);
 int mcclP2pBusy(struct mcclComm* comm);
+/* 1 once a send or receive passed its deadline with its message partly on the wire: the progress
+ * round that found it returned mcclTimeout, and the communicator must fail. */
+int mcclP2pStalled(struct mcclComm* comm);
 void mcclP2pFailAll(struct mcclComm* comm, mcclResult_t res, const char* msg);
 
 /* Engine thread entry and request submission (engine.c). */

@@ -266,7 +266,7 @@ void* mcclEngineMain(void* arg) {
       /* Only point-to-point work: progress it (the round hook posts, retires and times out). */
       mcclResult_t res = mcclTransportProgress(&comm->tp, mcclNowNs() + 100 * 1000000LL, &comm->aborted);
       if (res == mcclSuccess && comm->tp.idle) mcclTransportIdleWait(&comm->tp, 100);
-      if (res != mcclSuccess && res != mcclTimeout) {
+      if (res != mcclSuccess && (res != mcclTimeout || mcclP2pStalled(comm))) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "rank %d: point-to-point traffic failed: %s", comm->rank, comm->tp.error);
         failCommunicator(comm, res, msg, sizeof(msg));

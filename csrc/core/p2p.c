@@ -44,6 +44,7 @@ struct mcclP2pState {
   uint64_t* send_seq;         /* [nranks]: messages sent to each peer (frame seq, for logs) */
   int* posted_from;           /* [nranks]: unmatched receives naming each peer */
   int posted_any;             /* unmatched MCCL_ANY_SOURCE receives */
+  int stalled;                /* a message in flight passed its deadline (stalledMidMessage) */
 };
 
 static void listRemove(struct mcclRequest** head, struct mcclRequest* req) {
@@ -177,9 +178,28 @@ static void postSend(struct mcclComm* comm, struct mcclRequest* req) {
   listAppend(&st->active, req);
 }
 
+/* A send that is not fully written, or a receive whose message is partly here, when its deadline
+ * passes: the peer stopped reading or stalled mid-message. The connection cannot carry anything
+ * else (the rest of a frame would still come, into a buffer its owner got back; a frame half
+ * written cannot be taken back), so the round fails with mcclTimeout and the engine fails the
+ * communicator (mcclP2pStalled), naming the peer. */
+static mcclResult_t stalledMidMessage(struct mcclComm* comm, struct mcclRequest* req, int peer) {
+  int send = req->op.coll == MCCL_COLL_SEND;
+  snprintf(comm->tp.error, sizeof(comm->tp.error),
+           "%s rank %d (%s) with tag %d timed out after %lld ms %s; the connection cannot be used any more",
+           send ? "send to" : "recv from", peer, comm->tp.conns[peer].addr, req->tag, (long long)req->timeout_ms,
+           send ? "before the message was written: that rank stopped reading (stalled, or it never "
+                  "posted a matching recv)"
+                : "with part of the message received: that rank stalled in the middle of sending it");
+  comm->p2p->stalled = 1;
+  return mcclTimeout;
+}
+
+int mcclP2pStalled(struct mcclComm* comm) { return comm->p2p != NULL && comm->p2p->stalled; }
+
 /* Start of every progress round: post what callers submitted, retire finished sends, time out
- * receives nobody sent to. */
-static void p2pRound(void* ctx) {
+ * receives nobody sent to, and fail the round when a message in flight passes its deadline. */
+static mcclResult_t p2pRound(void* ctx) {
   struct mcclComm* comm = ctx;
   struct mcclP2pState* st = comm->p2p;
   pthread_mutex_lock(&comm->qlock);
@@ -219,6 +239,11 @@ static void p2pRound(void* ctx) {
                req->peer, comm->tp.conns[req->peer].addr, req->tag, (long long)req->timeout_ms);
     finish(req, mcclTimeout, msg);
   }
+  for (struct mcclRequest* req = st->active; req != NULL; req = req->next)
+    if (now >= req->deadline_ns) return stalledMidMessage(comm, req, req->op.coll == MCCL_COLL_SEND ? req->peer : req->source);
+  for (mcclParked* m = st->parked; m != NULL; m = m->next)
+    if (m->claim != NULL && now >= m->claim->deadline_ns) return stalledMidMessage(comm, m->claim, m->peer);
+  return mcclSuccess;
 }
 
 /* A P2P header arrived (the transport checked that its payload lies inside its message), or the

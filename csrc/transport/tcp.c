@@ -813,7 +813,7 @@ static void describeStall(mcclTransport* t) {
 static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
   mcclSender* snd = t->sender;
   if (snd != NULL && atomic_load(&snd->failed)) return senderFailed(t);
-  if (t->p2p.round != NULL) t->p2p.round(t->p2p.ctx);
+  if (t->p2p.round != NULL) MCCLCHECK(t->p2p.round(t->p2p.ctx));
   /* A header read earlier and held for lack of a posted receive needs no poll once one is
    * posted: its bytes are already here (an empty frame has no more). */
   int ready = 0;

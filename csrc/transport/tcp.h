@@ -84,8 +84,9 @@ typedef struct {
   void (*landed)(void* ctx, int peer, const mcclFrame* f);
   /* Nonzero while a receive is posted that frames from `peer` could satisfy. */
   int (*wanted)(void* ctx, int peer);
-  /* Runs first in every progress round: the owner posts new work and retires finished work. */
-  void (*round)(void* ctx);
+  /* Runs first in every progress round: the owner posts new work and retires finished work.
+   * Anything but mcclSuccess ends the round with that result (the owner wrote t->error). */
+  mcclResult_t (*round)(void* ctx);
 } mcclP2pHooks;
 
 /* The sending side's thread (tcp.c); NULL in a transport whose owner sends too. */

@@ -415,11 +415,41 @@ static void testP2pRx(void) {
   loopbackClose(&lb);
 }
 
+/* A receive whose message stops arriving halfway (the sender stalled mid-message) still times
+ * out: the round that finds it past its deadline fails, naming the peer, so the engine fails the
+ * communicator instead of waiting forever (found by a fresh-eyes test with SIGSTOP). */
+static void testP2pStalledMidMessage(void) {
+  mcclLoopback lb;
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  int32_t buf[10] = {0};
+  struct mcclRequest* req = loopbackRecv(&lb, buf, 10, mcclInt32, 1, 5, 100);
+  int32_t payload[6] = {1, 2, 3, 4, 5, 6};
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  loopbackP2pHeader(hdr, 5, 0, mcclInt32, 10, 0, 24); /* the first 24 of 40 bytes, then nothing */
+  loopbackWrite(&lb, hdr, sizeof(hdr));
+  loopbackWrite(&lb, payload, 24);
+  (void)loopbackDrain(&lb, 100);
+  EXPECT(!mcclP2pStalled(lb.comm), "stalled before the deadline");
+  int64_t until = mcclNowNs() + 2000000000LL;
+  mcclResult_t res = mcclSuccess;
+  while (!mcclP2pStalled(lb.comm) && mcclNowNs() < until)
+    res = mcclTransportProgress(&lb.comm->tp, mcclNowNs() + 10000000LL, NULL);
+  EXPECT(mcclP2pStalled(lb.comm) && res == mcclTimeout, "a half-arrived message past its deadline: %s, stalled %d",
+         mcclGetErrorString(res), mcclP2pStalled(lb.comm));
+  EXPECT(strstr(lb.comm->tp.error, "recv from rank 1") != NULL &&
+             strstr(lb.comm->tp.error, "stalled in the middle") != NULL,
+         "message: %s", lb.comm->tp.error);
+  loopbackClose(&lb);
+  mcclRequestFree(req);
+}
+
 int main(void) {
   testHello();
   testFrames();
   testCollectiveRx();
   testAbortRx();
   testP2pRx();
+  testP2pStalledMidMessage();
   return harnessExit("test_wire");
 }
