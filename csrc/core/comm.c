@@ -357,9 +357,9 @@ MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
   mcclResult_t failed = mcclSuccess;
   mcclCommGetAsyncError(comm, &failed);
   if (failed == mcclSuccess && mcclTransportUnread(&comm->tp, peers, sizeof(peers)) > 0)
-    WARN("rank %d: communicator '%s' destroyed with frames from rank %s never read: the ranks "
-         "issued different collectives (for example broadcasts with different roots), so some "
-         "results may differ between ranks", comm->rank, comm->name, peers);
+    WARN("rank %d: communicator '%s' destroyed with frames from rank %s never read: sends that no "
+         "recv matched, or collectives that differed between the ranks (for example broadcasts "
+         "with different roots), so some results may differ between ranks", comm->rank, comm->name, peers);
   commFree(comm);
   return mcclSuccess;
 }

@@ -363,11 +363,13 @@ struct mcclSender {
   uint8_t* owner_queued;      /* [nranks] the same, the owner's scratch (mcclTransportProgress) */
 };
 
-/* The text of a lost connection: "rank P (addr) closed the connection while rank R was ...". */
+/* The text of a lost connection: "rank P (addr) closed the connection while rank R was ...".
+ * f NULL: no frame was expected yet (only a point-to-point receive or a parked message). */
 static void lostText(const mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err,
                      char* out, size_t cap) {
   char desc[200];
-  mcclFrameDescribe(f, desc, sizeof(desc));
+  if (f != NULL) mcclFrameDescribe(f, desc, sizeof(desc));
+  else snprintf(desc, sizeof(desc), "the next point-to-point message");
   snprintf(out, cap, "rank %d (%s) %s while rank %d was %s %s; the peer process probably exited or failed",
            peer, t->conns[peer].addr, err == 0 ? "closed the connection" : strerror(err), t->rank, what, desc);
 }
@@ -701,10 +703,9 @@ static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
  * header or payload waits in the connection's state for the next round. */
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
-  static const mcclFrame unknown = {MCCL_FRAME_DATA, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   char sink[4096];
   while (wantRead(t, peer)) {
-    const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : &unknown);
+    const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : NULL);
     int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     ssize_t n = 0;
     if (c->rx_mode == MCCL_RX_HEADER) {
