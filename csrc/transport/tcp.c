@@ -374,13 +374,15 @@ static void lostText(const mcclTransport* t, int peer, const char* what, const m
            peer, t->conns[peer].addr, err == 0 ? "closed the connection" : strerror(err), t->rank, what, desc);
 }
 
+/* Mark `c` dead after a socket error `err` (0: the peer closed), keeping the first reason. */
+static void connLost(mcclConn* c, int err) {
+  if (c->dead) return;
+  c->dead = 1;
+  snprintf(c->dead_reason, sizeof(c->dead_reason), "%s", err == 0 ? "closed the connection" : strerror(err));
+}
+
 static mcclResult_t peerLost(mcclTransport* t, int peer, const char* what, const mcclFrame* f, int err) {
-  mcclConn* c = &t->conns[peer];
-  if (!c->dead) {
-    c->dead = 1;
-    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s",
-             err == 0 ? "closed the connection" : strerror(err));
-  }
+  connLost(&t->conns[peer], err);
   lostText(t, peer, what, f, err, t->error, sizeof(t->error));
   return mcclRemoteError;
 }
@@ -564,41 +566,50 @@ static void* senderMain(void* arg) {
   return NULL;
 }
 
+static void senderFree(mcclSender* s) {
+  for (int k = 0; k < 2; k++)
+    if (s->wake[k] >= 0) close(s->wake[k]);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s->pfds);
+  free(s->pfd_peer);
+  free(s->queued);
+  free(s);
+}
+
 mcclResult_t mcclTransportStartSender(mcclTransport* t) {
   if (t->sender != NULL || t->nranks < 2) return mcclSuccess;
   mcclSender* s = calloc(1, sizeof(*s));
-  if (s != NULL) {
-    s->wake[0] = s->wake[1] = -1;
-    s->pfds = calloc((size_t)t->nranks + 1, sizeof(struct pollfd));
-    s->pfd_peer = calloc((size_t)t->nranks + 1, sizeof(int));
-    s->queued = calloc((size_t)t->nranks * 2, 1);
-    if (s->queued != NULL) s->owner_queued = s->queued + t->nranks;
-  }
-  if (s == NULL || !s->pfds || !s->pfd_peer || !s->queued || pipe(s->wake) != 0) {
-    snprintf(t->error, sizeof(t->error), "cannot set up the sender thread: %s",
-             s == NULL || !s->pfds || !s->pfd_peer || !s->queued ? "out of memory" : strerror(errno));
-    if (s != NULL) { free(s->pfds); free(s->pfd_peer); free(s->queued); }
-    free(s);
+  if (s == NULL) {
+    snprintf(t->error, sizeof(t->error), "cannot set up the sender thread: out of memory");
     return mcclSystemError;
   }
+  s->wake[0] = s->wake[1] = -1;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->pfds = calloc((size_t)t->nranks + 1, sizeof(struct pollfd));
+  s->pfd_peer = calloc((size_t)t->nranks + 1, sizeof(int));
+  s->queued = calloc((size_t)t->nranks * 2, 1);
+  const char* why = NULL;
+  if (!s->pfds || !s->pfd_peer || !s->queued) why = "out of memory";
+  else if (pipe(s->wake) != 0) why = strerror(errno);
+  if (why != NULL) {
+    snprintf(t->error, sizeof(t->error), "cannot set up the sender thread: %s", why);
+    senderFree(s);
+    return mcclSystemError;
+  }
+  s->owner_queued = s->queued + t->nranks;
   for (int k = 0; k < 2; k++) {
     fcntl(s->wake[k], F_SETFL, O_NONBLOCK);
     fcntl(s->wake[k], F_SETFD, FD_CLOEXEC);
   }
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
   for (int r = 0; r < t->nranks; r++) t->conns[r].send_blocked = 0;
   t->sender = s;
   int rc = pthread_create(&s->thread, NULL, senderMain, t);
   if (rc != 0) {
     t->sender = NULL;
     snprintf(t->error, sizeof(t->error), "cannot start the sender thread: %s", strerror(rc));
-    close(s->wake[0]);
-    close(s->wake[1]);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s->pfds); free(s->pfd_peer); free(s->queued);
-    free(s);
+    senderFree(s);
     return mcclSystemError;
   }
   return mcclSuccess;
@@ -611,28 +622,17 @@ void mcclTransportStopSender(mcclTransport* t) {
   s->stop = 1;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
-  char b = 1;
-  ssize_t ignored = write(s->wake[1], &b, 1);
-  (void)ignored;
+  pipeWake(s->wake[1], &s->wake_pending);
   pthread_join(s->thread, NULL);
   t->sender = NULL;
-  close(s->wake[0]);
-  close(s->wake[1]);
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->cv);
-  free(s->pfds); free(s->pfd_peer); free(s->queued);
-  free(s);
+  senderFree(s);
 }
 
 /* The sender thread's failure, reported on the owner's thread as a receive error would be. */
 static mcclResult_t senderFailed(mcclTransport* t) {
   mcclSender* s = t->sender;
   pthread_mutex_lock(&s->mu); /* pairs with the thread's writes before `failed` */
-  mcclConn* c = &t->conns[s->failed_peer];
-  if (!c->dead) {
-    c->dead = 1;
-    snprintf(c->dead_reason, sizeof(c->dead_reason), "%s", strerror(s->failed_errno));
-  }
+  connLost(&t->conns[s->failed_peer], s->failed_errno);
   snprintf(t->error, sizeof(t->error), "%s", s->error);
   mcclResult_t res = s->result;
   pthread_mutex_unlock(&s->mu);
@@ -884,11 +884,7 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     if (snd == NULL && (re & (POLLOUT | POLLERR | POLLHUP))) {
       int err_no = 0;
       if (connSend(t, peer, t->error, sizeof(t->error), &err_no) < 0) {
-        mcclConn* c = &t->conns[peer];
-        if (!c->dead) {
-          c->dead = 1;
-          snprintf(c->dead_reason, sizeof(c->dead_reason), "%s", strerror(err_no));
-        }
+        connLost(&t->conns[peer], err_no);
         return mcclRemoteError;
       }
     }
@@ -896,15 +892,18 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
   return mcclSuccess;
 }
 
+/* The owner halts the sender thread (it stops at the end of its pass) or lets it go on. */
+static void senderSetHalted(mcclSender* s, int halted) {
+  pthread_mutex_lock(&s->mu);
+  s->halted = halted;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pipeWake(s->wake[1], &s->wake_pending);
+}
+
 mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
   mcclSender* snd = t->sender;
-  if (snd != NULL && snd->halted) { /* only this thread sets it: no lock needed to read it */
-    pthread_mutex_lock(&snd->mu);
-    snd->halted = 0;
-    pthread_cond_broadcast(&snd->cv);
-    pthread_mutex_unlock(&snd->mu);
-    pipeWake(snd->wake[1], &snd->wake_pending);
-  }
+  if (snd != NULL && snd->halted) senderSetHalted(snd, 0); /* only this thread writes `halted` */
   mcclResult_t res = progressRound(t, deadline_ns, abort_flag);
   /* The caller unwinds on an error, and the transfers it posted go with its frames. */
   if (res != mcclSuccess) mcclTransportHalt(t);
@@ -914,10 +913,7 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
 void mcclTransportHalt(mcclTransport* t) {
   mcclSender* s = t->sender;
   if (s == NULL) return;
-  pthread_mutex_lock(&s->mu);
-  s->halted = 1;
-  pthread_mutex_unlock(&s->mu);
-  pipeWake(s->wake[1], &s->wake_pending);
+  senderSetHalted(s, 1);
   pthread_mutex_lock(&s->mu);
   while (s->busy) pthread_cond_wait(&s->cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
