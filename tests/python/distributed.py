@@ -116,9 +116,11 @@ def _entry(fn, rank, world_size, store_spec, backend, pg_timeout_s, args, out, e
         out.put(RankResult(rank, False, error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
                            elapsed=time.monotonic() - start))
     if failed and exit_code_on_error is not None:
-        # Like a script whose exception nobody caught: flush the report, then exit non-zero.
-        out.close()
-        out.join_thread()
+        # Like a script whose exception nobody caught: flush the report and the events (a queue's
+        # feeder thread may not have run yet: os._exit would drop what it holds), then exit non-zero.
+        for q in (events, out):
+            q.close()
+            q.join_thread()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code_on_error)
@@ -159,9 +161,15 @@ class Job:
         until = time.monotonic() + timeout
         while set(got) != want:
             left = until - time.monotonic()
-            if left <= 0 or self.finished.is_set() and self._events.empty():
-                raise AssertionError(f"ranks {sorted(want - set(got))} never sent '{kind}' "
-                                     f"(events so far: {[(e.rank, e.kind) for e in self.seen]})")
+            missing = sorted(want - set(got))
+            # A rank that exited cannot send it any more (once its last events were read).
+            dead = [r for r in missing if self.procs[r].exitcode is not None]
+            if left <= 0 or dead and self._events.empty() or self.finished.is_set() and self._events.empty():
+                states = ", ".join(f"rank {r} " + ("running" if self.procs[r].exitcode is None
+                                                   else f"exited with code {self.procs[r].exitcode}")
+                                   for r in missing)
+                raise AssertionError(f"ranks {missing} never sent '{kind}' ({states}; events so far: "
+                                     f"{[(e.rank, e.kind) for e in self.seen]})")
             ev = self.next_event(min(left, 0.2))
             if ev is not None and ev.kind == kind and ev.rank in want:
                 got[ev.rank] = ev
