@@ -6,22 +6,23 @@
  *   inits          counter every rank adds 1 to at init; generation = (value - 1) / nranks, so
  *                  each init of the same group on the same store gets fresh keys
  *   g<gen>/token   16 random bytes from rank 0: the job token every handshake must carry
+ *   g<gen>/host/<r> rank r's host description (core/host.h): machine, network namespace, CPUs;
+ *                  written before its address, so a rank that read the address can read it
  *   g<gen>/addr/<r> rank r's listening address, "host:port" or "[v6]:port"
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/random.h>
-#include <sys/stat.h>
 #endif
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "core/host.h"
 #include "core/param.h"
 #include "transport/socket.h"
 
@@ -93,35 +94,6 @@ void mcclCommRelease(struct mcclComm* comm) {
   free(comm);
 }
 
-/* Which loopback this process sees: the machine's boot id and its network namespace on Linux
- * (namespaces on one machine have loopbacks of their own), else the host name. */
-static void hostIdentity(char* out, size_t cap) {
-  char boot[64] = "";
-  FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f != NULL) {
-    if (fgets(boot, sizeof(boot), f) == NULL) boot[0] = '\0';
-    fclose(f);
-    boot[strcspn(boot, "\n")] = '\0';
-  }
-  struct stat st;
-  if (boot[0] != '\0' && stat("/proc/self/ns/net", &st) == 0) {
-    snprintf(out, cap, "%s/net:%llu", boot, (unsigned long long)st.st_ino);
-    return;
-  }
-  if (gethostname(out, cap) != 0) snprintf(out, cap, "unknown");
-  out[cap - 1] = '\0';
-}
-
-/* CPUs this process may run on (its affinity mask on Linux), at least 1. */
-static int onlineCpus(void) {
-#if defined(__linux__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-#endif
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
-
 /* Everything init allocates (sockets, threads' state, buffers) is freed by commFree, which
  * tolerates a half-built communicator; then the owner's reference goes. */
 static void commFree(struct mcclComm* comm) {
@@ -131,6 +103,22 @@ static void commFree(struct mcclComm* comm) {
   free(comm->algo.work);
   comm->algo.scratch = comm->algo.work = NULL;
   mcclCommRelease(comm);
+}
+
+/* Rank r's host description (core/host.h) into `out`; this rank's own is `self`. */
+static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r, int self_rank,
+                             const char* self, char out[MCCL_HOST_STRLEN], int64_t deadline) {
+  if (r == self_rank) {
+    snprintf(out, MCCL_HOST_STRLEN, "%s", self);
+    return mcclSuccess;
+  }
+  char key[256], what[64];
+  size_t len = 0;
+  snprintf(key, sizeof(key), "%s/host/%d", prefix, r);
+  snprintf(what, sizeof(what), "rank %d's host description", r);
+  mcclResult_t res = storeGet(store, key, out, MCCL_HOST_STRLEN - 1, &len, deadline, what);
+  out[res == mcclSuccess && len < MCCL_HOST_STRLEN ? len : 0] = '\0';
+  return res;
 }
 
 /* A NULL argument of a communicator call: the thread's last error names it. */
@@ -237,8 +225,8 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     mcclSockaddrFormat(&local, addrs[comm->rank], MCCL_ADDR_STRLEN);
     INFO(MCCL_SUB_INIT, "rank %d/%d of '%s' generation %llu listening on %s (%s)", comm->rank,
          comm->nranks, comm->name, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
-    char host[160];
-    hostIdentity(host, sizeof(host));
+    char host[MCCL_HOST_STRLEN], other[MCCL_HOST_STRLEN];
+    mcclHostDescribe(host, sizeof(host));
     snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
     MCCLCHECKGOTO(store->set(store->ctx, key, host, strlen(host)), res, fail);
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
@@ -255,7 +243,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     /* A loopback address is reachable from its own host (and network namespace) only: if a rank
      * published one and a rank elsewhere must dial it, the job would wait out its timeout on
      * "connection refused". Every rank sees the same addresses and hosts, so every rank fails
-     * here at once. (Only when some address is loopback are the host identities read.) */
+     * here at once. The same descriptions tell which ranks share this rank's CPUs. */
     int lo = -1;
     for (int r = 0; r < comm->nranks && lo < 0; r++) {
       mcclSockaddr a;
@@ -264,26 +252,21 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
                                              : IN6_IS_ADDR_LOOPBACK(&a.sin6.sin6_addr);
       if (is_lo) lo = r;
     }
-    if (lo >= 0) {
-      char lo_host[160], other[160];
-      size_t lo_len = 0;
-      snprintf(key, sizeof(key), "%s/host/%d", prefix, lo);
-      MCCLCHECKGOTO(storeGet(store, key, lo_host, sizeof(lo_host) - 1, &lo_len, deadline, "a rank's host identity"), res, fail);
-      lo_host[lo_len < sizeof(lo_host) ? lo_len : sizeof(lo_host) - 1] = '\0';
-      for (int r = 0; r < comm->nranks; r++) {
-        size_t len = 0;
-        snprintf(key, sizeof(key), "%s/host/%d", prefix, r);
-        MCCLCHECKGOTO(storeGet(store, key, other, sizeof(other) - 1, &len, deadline, "a rank's host identity"), res, fail);
-        other[len < sizeof(other) ? len : sizeof(other) - 1] = '\0';
-        if (strcmp(other, lo_host) != 0) {
-          mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
-                             "(%s) runs on another host or network namespace and cannot reach it. "
-                             "Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to loopback: give "
-                             "MASTER_ADDR as a routable IP address, or set MCCL_SOCKET_IFNAME",
-                             lo, addrs[lo], r, addrs[r], lo);
-          res = mcclInvalidArgument;
-          goto fail;
-        }
+    char lo_host[MCCL_HOST_STRLEN] = "";
+    if (lo >= 0) MCCLCHECKGOTO(readHost(store, prefix, lo, comm->rank, host, lo_host, deadline), res, fail);
+    mcclCpuShare share;
+    mcclCpuShareInit(&share, host);
+    for (int r = 0; r < comm->nranks; r++) {
+      MCCLCHECKGOTO(readHost(store, prefix, r, comm->rank, host, other, deadline), res, fail);
+      if (r != comm->rank) mcclCpuShareAdd(&share, other);
+      if (lo >= 0 && !mcclHostSameLoopback(other, lo_host)) {
+        mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
+                           "(%s) runs on another host or network namespace and cannot reach it. "
+                           "Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to loopback: give "
+                           "MASTER_ADDR as a routable IP address, or set MCCL_SOCKET_IFNAME",
+                           lo, addrs[lo], r, addrs[r], lo);
+        res = mcclInvalidArgument;
+        goto fail;
       }
     }
     res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, deadline);
@@ -294,10 +277,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     close(listen_fd); /* the mesh is complete: nobody else may connect */
     listen_fd = -1;
     int64_t send_thread = mcclParamInt("MCCL_SEND_THREAD");
-    int cpus = onlineCpus(), on_host = mcclTransportLocalRanks(&comm->tp);
-    if (send_thread < 0) send_thread = cpus >= 2 * on_host;
-    INFO(MCCL_SUB_INIT, "rank %d: %s (%d CPUs, %d ranks on this host)", comm->rank,
-         send_thread ? "sends on the mccl-send thread" : "the engine thread sends", cpus, on_host);
+    /* A second thread pays off only with a CPU of its own: two CPUs per rank that shares them. */
+    int cpus = mcclCpuShareCpus(&share);
+    if (send_thread < 0) send_thread = cpus >= 2 * share.ranks;
+    INFO(MCCL_SUB_INIT, "rank %d: %s (%d CPUs shared by %d ranks of this job)", comm->rank,
+         send_thread ? "sends on the mccl-send thread" : "the engine thread sends", cpus, share.ranks);
     if (send_thread && mcclTransportStartSender(&comm->tp) != mcclSuccess)
       WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
