@@ -176,6 +176,7 @@ class ClusterSpec:
     burst: str = "auto"
     latency: str = "50ms"
     subnet: str = DEFAULT_SUBNET
+    cpus_per_host: int = 0  # 0: every host's processes may run on every CPU
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -186,6 +187,8 @@ class ClusterSpec:
         if not 1 <= self.hosts <= min(999, net.num_addresses - 2):
             raise ClusterError(f"--hosts {self.hosts}: must be 1 to {min(999, net.num_addresses - 2)} for {self.subnet}")
         parse_rate(self.rate)
+        if self.cpus_per_host < 0:
+            raise ClusterError(f"--cpus-per-host {self.cpus_per_host}: must be 0 (no pinning) or more")
 
     @property
     def prefix(self) -> str:
@@ -200,6 +203,18 @@ class ClusterSpec:
 
     def veth(self, i: int) -> str:
         return f"{self.prefix}v{i}"
+
+    def cpus(self, i: int) -> list[int] | None:
+        """The CPUs host i's processes are pinned to (like a machine of its own), or None when
+        ``cpus_per_host`` is 0: host i gets the (i+1)-th ``cpus_per_host`` of the CPUs this process
+        may run on. Raises ClusterError when there are too few for every host."""
+        if self.cpus_per_host == 0:
+            return None
+        avail = sorted(os.sched_getaffinity(0))
+        if self.hosts * self.cpus_per_host > len(avail):
+            raise ClusterError(f"{self.hosts} hosts x {self.cpus_per_host} CPUs need {self.hosts * self.cpus_per_host} "
+                               f"CPUs; this process may run on {len(avail)}")
+        return avail[i * self.cpus_per_host:(i + 1) * self.cpus_per_host]
 
     def addr(self, i: int) -> str:
         return str(ipaddress.ip_network(self.subnet)[i + 1])
@@ -255,6 +270,7 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
     Raises ClusterError when the cluster id is already in use.
     """
     require_root("up")
+    spec.cpus(spec.hosts - 1)  # enough CPUs for every host, before anything is created
     sh = Shell(iproute_dir, verbose)
     existing = existing_names(spec.id, sh)
     if existing:
@@ -378,6 +394,13 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     return removed
 
 
+def _cpus_or_none(spec: ClusterSpec, i: int) -> list[int] | None:
+    try:
+        return spec.cpus(i)
+    except ClusterError:  # status still lists a cluster whose CPUs this process cannot see
+        return None
+
+
 def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str:
     """A human-readable listing of the clusters that exist (one when ``cluster_id`` is given)."""
     lines = []
@@ -397,13 +420,15 @@ def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str
             lines.append(f"cluster {cid}: {exc}")
             continue
         lines.append(f"cluster {cid}: {spec.hosts} hosts, tbf {spec.rate} (burst {spec.tc_burst()}, latency "
-                     f"{spec.latency}) both ways, MTU {spec.mtu}, bridge {spec.bridge}")
+                     f"{spec.latency}) both ways, MTU {spec.mtu}, bridge {spec.bridge}"
+                     + (f", {spec.cpus_per_host} CPUs pinned per host" if spec.cpus_per_host else ""))
         for i in range(spec.hosts):
             qdisc = ""
             if sh is not None and os.geteuid() == 0:
                 qdisc = sh.tc_("qdisc", "show", "dev", spec.veth(i), check=False).stdout.strip().split("\n")[0]
             lines.append(f"  h{i}: netns {spec.netns(i)}  {HOST_IFNAME} {spec.addr(i)}/{spec.prefixlen}  "
-                         f"{spec.veth(i)}: {qdisc}  processes: {len(netns_pids(spec.netns(i)))}")
+                         f"{spec.veth(i)}: {qdisc}  processes: {len(netns_pids(spec.netns(i)))}"
+                         + (f"  CPUs {','.join(map(str, cpus))}" if (cpus := _cpus_or_none(spec, i)) else ""))
     return "\n".join(lines)
 
 
@@ -456,12 +481,19 @@ def enter_netns(ns: str) -> None:
         os.close(fd)
 
 
-def ns_argv(ns: str | None, argv: Sequence[str]) -> list[str]:
-    """argv that runs ``argv`` inside namespace ``ns`` (unchanged for None): this file's ``nsexec``
-    command enters the namespace and then execs ``argv``, keeping cwd and environment."""
+def ns_argv(ns: str | None, argv: Sequence[str], cpus: Sequence[int] | None = None) -> list[str]:
+    """argv that runs ``argv`` inside namespace ``ns`` (unchanged for None), pinned to ``cpus``
+    when given: this file's ``nsexec`` command enters the namespace, sets the CPU affinity and
+    then execs ``argv``, keeping cwd and environment."""
     if ns is None:
         return list(argv)
-    return [sys.executable, _HERE, "nsexec", ns, "--", *argv]
+    pin = ["--cpus", ",".join(map(str, cpus))] if cpus else []
+    return [sys.executable, _HERE, "nsexec", ns, *pin, "--", *argv]
+
+
+def host_argv(spec: ClusterSpec, host: int, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` in host ``host`` of ``spec``: its namespace and its CPUs."""
+    return ns_argv(spec.netns(host), argv, spec.cpus(host))
 
 
 def rank_env(rank: int, world_size: int, master_addr: str, master_port: int, *, local_rank: int = 0,
@@ -544,7 +576,7 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
                     env.update({"GLOO_SOCKET_IFNAME": HOST_IFNAME, "MCCL_CLUSTER_ID": spec.id,
                                 "MCCL_CLUSTER_HOST": str(host), "MCCL_CLUSTER_RATE": spec.rate})
                 env.update(extra_env or {})
-                p = subprocess.Popen(ns_argv(spec.netns(host) if spec else None, argv), env=env,
+                p = subprocess.Popen(host_argv(spec, host, argv) if spec else list(argv), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
                 procs.append(p)
@@ -644,11 +676,11 @@ def iperf3_path() -> str | None:
 
 
 def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None = None,
-                          connect_timeout: float = 10) -> float:
-    """Run ``iperf3 -c`` against a server already started on ``addr:port``; return receiver bits/s
-    (``end.sum_received``, omitting the first second)."""
+                          connect_timeout: float = 10, cpus: Sequence[int] | None = None) -> float:
+    """Run ``iperf3 -c`` (in namespace ``ns``, pinned to ``cpus``) against a server already started
+    on ``addr:port``; return receiver bits/s (``end.sum_received``, omitting the first second)."""
     argv = ns_argv(ns, [iperf3_path() or "iperf3", "-c", addr, "-p", str(port), "-t", str(max(1, round(seconds))),
-                        "-O", str(int(GOODPUT_OMIT_S)), "-J"])
+                        "-O", str(int(GOODPUT_OMIT_S)), "-J"], cpus)
     end = time.monotonic() + connect_timeout
     while True:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
@@ -674,18 +706,18 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
     if tool == "iperf3":
         if not iperf3_path():
             raise ClusterError("iperf3 is not installed (apt-get install iperf3), use --tool python")
-        srv = subprocess.Popen(ns_argv(spec.netns(server), [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
+        srv = subprocess.Popen(host_argv(spec, server, [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
-            return goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client)), tool
+            return goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client)), tool
         finally:
             _stop(srv)
     if tool != "python":
         raise ClusterError(f"unknown goodput tool {tool!r}: auto, iperf3 or python")
-    sink = subprocess.Popen(ns_argv(spec.netns(server), [sys.executable, _HERE, "_sink", addr, str(port)]),
+    sink = subprocess.Popen(host_argv(spec, server, [sys.executable, _HERE, "_sink", addr, str(port)]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        src = subprocess.run(ns_argv(spec.netns(client), [sys.executable, _HERE, "_source", addr, str(port), str(seconds)]),
+        src = subprocess.run(host_argv(spec, client, [sys.executable, _HERE, "_source", addr, str(port), str(seconds)]),
                              capture_output=True, text=True, timeout=seconds + 60)
         if src.returncode != 0:
             raise ClusterError(f"goodput sender failed: {src.stderr.strip()}")
@@ -769,6 +801,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--latency", default="50ms", help="tbf latency (queue bound)")
     sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="host addresses: host i gets the (i+1)-th address")
     sp.add_argument("--no-check", action="store_true", help="skip the TCP connectivity check after bring-up")
+    sp.add_argument("--cpus-per-host", type=int, default=0,
+                    help="pin each host's processes to CPUs of their own, this many per host, like separate "
+                         "machines (0: every process may run on every CPU)")
 
     sp = sub.add_parser("down", help="remove a cluster (idempotent; works after a crash)", formatter_class=fmt)
     g = sp.add_mutually_exclusive_group()
@@ -807,8 +842,12 @@ def _internal(argv: list[str]) -> int:
     TIMEOUT`` and ``_connect ADDR PORT TIMEOUT`` (connectivity check)."""
     cmd, rest = argv[0], argv[1:]
     if cmd == "nsexec":
-        command = _command(rest[1:])
-        enter_netns(rest[0])
+        ns, rest = rest[0], rest[1:]
+        if rest[:1] == ["--cpus"]:
+            os.sched_setaffinity(0, [int(c) for c in rest[1].split(",")])  # exec keeps it
+            rest = rest[2:]
+        command = _command(rest)
+        enter_netns(ns)
         os.execvp(command[0], command)
     addr, port = rest[0], int(rest[1])
     if cmd == "_sink":
@@ -851,7 +890,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             spec = up(ClusterSpec(id=args.id, hosts=args.hosts, rate=args.rate, mtu=args.mtu, burst=args.burst,
-                                  latency=args.latency, subnet=args.subnet), args.iproute_dir, args.verbose,
+                                  latency=args.latency, subnet=args.subnet, cpus_per_host=args.cpus_per_host),
+                      args.iproute_dir, args.verbose,
                       check=not args.no_check)
             print(status(spec.id, args.iproute_dir))
         elif args.cmd == "down":
@@ -870,6 +910,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not 0 <= args.host < spec.hosts:
                 raise ClusterError(f"--host {args.host}: cluster '{spec.id}' has hosts 0..{spec.hosts - 1}")
             cmd = _command(args.command)
+            cpus = spec.cpus(args.host)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
             enter_netns(spec.netns(args.host))
             os.execvp(cmd[0], cmd)
         elif args.cmd == "goodput":

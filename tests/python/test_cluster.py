@@ -95,6 +95,55 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
     assert "nothing to remove" in tool("down", "--id", cluster_id).stdout  # idempotent
 
 
+_INIT_AND_REPORT = (
+    "import os, torch, torch.distributed as dist, mccl\n"
+    "dist.init_process_group('mccl')\n"
+    "t = torch.ones(4); dist.all_reduce(t); assert t.tolist() == [2.0] * 4, t\n"
+    "print('RANK', os.environ['RANK'], 'CPUS', sorted(os.sched_getaffinity(0)), flush=True)\n"
+    "dist.destroy_process_group()\n")
+
+
+@needs_root
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: one per pinned host")
+def test_hosts_share_the_machines_cpus_unless_pinned(cluster_id):
+    """Hosts are namespaces of one machine: unpinned, their ranks compete for its CPUs, and mccl
+    counts them all when it decides on a sender thread; with --cpus-per-host each host's
+    processes run on CPUs of their own, and each rank counts only itself."""
+    env = {"MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "INIT"}
+    n = len(os.sched_getaffinity(0))
+    tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit")
+    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--timeout", "120", "--",
+                          sys.executable, "-c", _INIT_AND_REPORT], cwd=ROOT, env=dict(ENV, **env),
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(f"({n} CPUs shared by 2 ranks of this job)") == 2, run.stdout
+    tool("down", "--id", cluster_id)
+
+    tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit", "--cpus-per-host", "1")
+    cpus = sorted(os.sched_getaffinity(0))
+    assert f"CPUs {cpus[1]}" in tool("status", "--id", cluster_id).stdout
+    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--timeout", "120", "--",
+                          sys.executable, "-c", _INIT_AND_REPORT], cwd=ROOT, env=dict(ENV, **env),
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for r in range(2):
+        assert f"RANK {r} CPUS [{cpus[r]}]" in run.stdout, run.stdout
+    # One CPU for one rank: no second thread.
+    assert run.stdout.count("the engine thread sends (1 CPUs shared by 1 ranks of this job)") == 2, run.stdout
+    out = tool("exec", "--id", cluster_id, "--host", "1", "--", sys.executable, "-c",
+               "import os; print(sorted(os.sched_getaffinity(0)))").stdout
+    assert out.strip() == f"[{cpus[1]}]", out
+    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "2", "--json").stdout)
+    assert gp["bits_per_s"] > 0.3e9, gp
+    tool("down", "--id", cluster_id)
+
+    # More CPUs than there are: refused before anything is created.
+    before = all_mccl_names()
+    bad = tool("up", "--id", cluster_id, "--hosts", "2", "--cpus-per-host", str(n), check=False)
+    assert bad.returncode != 0 and f"need {2 * n} CPUs; this process may run on {n}" in bad.stderr, bad.stderr
+    assert all_mccl_names() == before
+
+
 @needs_root
 def test_down_cleans_up_after_a_crashed_run(cluster_id):
     """SIGKILL the tool while its ranks run: `down` still kills them and removes everything."""
