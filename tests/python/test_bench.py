@@ -118,9 +118,9 @@ def test_overlap_smoke(tmp_path):
         med = res[b]["median_s"]
         assert set(med) == {"compute", "comm", "overlap", "serial"} and all(v > 0 for v in med.values())
         assert res[b]["hidden_pct"] is not None
-        # The split of the overlapped step: its compute and its tail fit inside it.
-        assert 0 < res[b]["overlap_compute_s"] and 0 <= res[b]["overlap_tail_s"]
-        assert res[b]["overlap_compute_s"] + res[b]["overlap_tail_s"] <= max(res[b]["steps_s"]["overlap"])
+        # The split of the overlapped step: backward ends inside it, the tail is what follows.
+        assert 0 < res[b]["backward_done_s"] <= max(res[b]["steps_s"]["overlap"])
+        assert 0 <= res[b]["overlap_tail_s"] and 0 <= res[b]["rank_skew_s"] <= res[b]["backward_done_s"]
     assert "hidden %" in out and "tail (ms)" in out
 
 

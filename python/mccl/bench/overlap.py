@@ -103,12 +103,11 @@ class Step:
             bucket[:c.numel()].copy_(c[:bucket.numel()])
 
 
-def run_mode(mode: str, step: Step, group) -> tuple[float, float]:
-    """Runs one step in ``mode``. Returns (seconds spent in compute, seconds after the last
-    compute): in ``overlap`` mode, the second is the tail spent waiting for all-reduces still
-    queued or running when backward ended."""
+def run_mode(mode: str, step: Step, group, t0: float) -> float:
+    """Runs one step in ``mode``, begun at ``t0`` (time.perf_counter()). In ``overlap`` mode,
+    returns the seconds from ``t0`` to the end of the last bucket's compute (this rank's backward
+    is done, its all-reduces may still run); 0 in the other modes."""
     k_all = range(len(step.buckets))
-    computing = 0.0
     if mode == "compute":
         for k in k_all:
             step.compute(k)
@@ -119,38 +118,41 @@ def run_mode(mode: str, step: Step, group) -> tuple[float, float]:
     elif mode == "overlap":
         works = []
         for k in k_all:
-            t0 = time.perf_counter()
             step.compute(k)
-            computing += time.perf_counter() - t0
             works.append(dist.all_reduce(step.buckets[k], group=group, async_op=True))
-        t0 = time.perf_counter()
+        backward_done = time.perf_counter() - t0
         for w in works:
             w.wait()
         step._sync()
-        return computing, time.perf_counter() - t0
+        return backward_done
     elif mode == "serial":
         for k in k_all:
             step.compute(k)
             dist.all_reduce(step.buckets[k], group=group)
     step._sync()
-    return computing, 0.0
+    return 0.0
 
 
 def summarize(times: dict, parts: list[tuple[float, float]]) -> dict:
-    """``parts``: per overlapped step, the slowest rank's (compute, tail) from :func:`run_mode`.
+    """``parts``: per overlapped step, when the first and the last rank finished backward
+    (seconds from the step's start, from :func:`run_mode`).
 
-    The exposed communication (overlapped - compute) splits into the compute's slowdown while
-    communication ran beside it (compute inside the overlapped step - compute alone) and the
-    tail; the tail cannot be shorter than the last bucket's all-reduce (about comm / buckets)."""
+    The exposed communication (overlapped - compute) splits into the late end of backward (the
+    last rank's backward inside the overlapped step - compute alone, which is also the slowest
+    rank's: the compute's slowdown beside communication) and the tail (overlapped - the last
+    rank's backward: all-reduces still to run once every rank has issued its last; at least the
+    last bucket's, about comm / buckets). ``rank_skew_s`` is how much earlier the first rank
+    finished backward than the last."""
     med = {m: statistics.median(times[m]) for m in MODES}
     comm = med["comm"]
     hidden = 100 * (med["compute"] + comm - med["overlap"]) / comm if comm > 0 else None
-    overlap_compute = statistics.median(p[0] for p in parts)
+    done = statistics.median(last for _, last in parts)
     return {"median_s": med, "mean_s": {m: statistics.fmean(times[m]) for m in MODES}, "steps_s": times,
             "hidden_pct": hidden, "exposed_comm_s": med["overlap"] - med["compute"],
             "overhead_pct": 100 * (med["overlap"] - med["compute"]) / med["compute"],
-            "overlap_compute_s": overlap_compute, "compute_slowdown_s": overlap_compute - med["compute"],
-            "overlap_tail_s": statistics.median(p[1] for p in parts)}
+            "backward_done_s": done, "compute_slowdown_s": done - med["compute"],
+            "rank_skew_s": statistics.median(last - first for first, last in parts),
+            "overlap_tail_s": statistics.median(t - last for t, (_, last) in zip(times["overlap"], parts))}
 
 
 def main(args) -> int:
@@ -176,13 +178,14 @@ def main(args) -> int:
             for mode in MODES:
                 dist.barrier(group=groups.control)
                 t0 = time.perf_counter()
-                computing, tail = run_mode(mode, step, group)
-                # The slowest rank sets the step's time; its split is the one reported.
-                elapsed, computing, tail = max(runtime.gather_objects((time.perf_counter() - t0, computing, tail), groups))
+                backward_done = run_mode(mode, step, group, t0)
+                # The slowest rank sets the step's time. The ranks left the barrier within well
+                # under a millisecond of each other, so their times from t0 compare.
+                got = runtime.gather_objects((time.perf_counter() - t0, backward_done), groups)
                 if i >= args.warmup_steps:
-                    times[mode].append(elapsed)
+                    times[mode].append(max(e for e, _ in got))
                     if mode == "overlap":
-                        parts.append((computing, tail))
+                        parts.append((min(b for _, b in got), max(b for _, b in got)))
         results[backend] = summarize(times, parts)
         if rank0:
             r = results[backend]
@@ -208,17 +211,18 @@ def print_table(results: dict, world: int) -> None:
 
     t = Table(title=f"overlap: median step time over ranks ({world} ranks)", title_justify="left")
     for col in ("backend", "compute (ms)", "comm (ms)", "overlapped (ms)", "serialized (ms)", "exposed comm (ms)",
-                "hidden %", "overhead vs compute %", "slowdown of compute (ms)", "tail (ms)"):
+                "hidden %", "overhead vs compute %", "backward done (ms)", "rank skew (ms)", "tail (ms)"):
         t.add_column(col, justify="right")
     for b, r in results.items():
         med = r["median_s"]
         t.add_row(b, *(f"{med[m] * 1e3:.1f}" for m in MODES), f"{r['exposed_comm_s'] * 1e3:.1f}",
                   "-" if r["hidden_pct"] is None else f"{r['hidden_pct']:.1f}", f"{r['overhead_pct']:.1f}",
-                  f"{r['compute_slowdown_s'] * 1e3:.1f}", f"{r['overlap_tail_s'] * 1e3:.1f}")
+                  f"{r['backward_done_s'] * 1e3:.1f}", f"{r['rank_skew_s'] * 1e3:.1f}", f"{r['overlap_tail_s'] * 1e3:.1f}")
     console().print(t)
     console().print("# hidden = (compute + comm - overlapped) / comm; overhead = (overlapped - compute) / compute")
-    console().print("# exposed comm ~ slowdown of compute (its time inside the overlapped step minus compute alone) "
-                    "+ tail (waiting after the last bucket's compute; at least one bucket's all-reduce)")
+    console().print("# in the overlapped step: backward done = when the last rank finished its compute (compute alone "
+                    "is also the slowest rank's); rank skew = how much earlier the first did; tail = overlapped - "
+                    "backward done, at least one bucket's all-reduce. exposed comm = (backward done - compute) + tail")
 
 
 def plot(results: dict, meta: dict, path: str) -> None:
