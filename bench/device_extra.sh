@@ -9,7 +9,8 @@
 # every veth, dumped before and after each backend's large all-reduces, ROUNDS times;
 # bench/netdiag.py reads them), "loopst" (loopback on $LOOP_NPROCS ranks: mccl with
 # MCCL_SEND_THREAD in $SEND_THREADS, and gloo), "clst" (the same on the cluster, ROUNDS times).
-# OVERLAP_ARGS: extra options for the overlap stage (e.g. --compute-ms 100).
+# OVERLAP_ARGS: extra options for the overlap stage (e.g. --compute-ms 100). CPUS_PER_HOST: pin
+# each host to that many CPUs of its own (mccl.cluster up --cpus-per-host; 2 on the 16-core machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
@@ -18,7 +19,7 @@ export PYTHONPATH=$PWD/python IPROUTE_DIR=$PWD/.tools/iproute PY=python3
 cl() { python3 -m mccl.cluster --iproute-dir "$IPROUTE_DIR" "$@"; }
 trap 'cl down --id x0 >/dev/null 2>&1; tar czf "${OUT:-/tmp}/results.tgz" "$RES"' EXIT
 cl down --id x0 >/dev/null 2>&1
-cl up --id x0 --hosts 8 --rate 5gbit > "$RES/cluster.txt"
+cl up --id x0 --hosts 8 --rate 5gbit ${CPUS_PER_HOST:+--cpus-per-host $CPUS_PER_HOST} > "$RES/cluster.txt"
 cl goodput --id x0 --seconds 5 | tee -a "$RES/cluster.txt"
 GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster.txt" | head -1 | cut -d' ' -f1)gbit
 B="python3 -m mccl.bench"
