@@ -312,6 +312,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     goto fail;
   }
   comm->engine_started = 1;
+  mcclThreadSetNameOf(comm->engine, "mccl-engine");
   free(addrs);
   *out = comm;
   return mcclSuccess;

@@ -99,6 +99,15 @@ void mcclThreadSetName(const char* name) {
 #endif
 }
 
+void mcclThreadSetNameOf(pthread_t thread, const char* name) {
+#if defined(__APPLE__)
+  (void)thread;
+  (void)name;
+#else
+  pthread_setname_np(thread, name);
+#endif
+}
+
 int64_t mcclNowNs(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

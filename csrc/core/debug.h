@@ -9,6 +9,7 @@
 #define MCCL_DEBUG_H_
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 
 #include "mccl.h"
@@ -70,6 +71,10 @@ const char* mcclThreadError(void);
 /* Name the calling thread (at most 15 characters; shown by top -H and /proc/<pid>/task/<tid>/comm,
  * where the benchmarks find each thread's CPU time). Best effort. */
 void mcclThreadSetName(const char* name);
+/* Name a thread the caller has just started, so that it carries the name as soon as the caller
+ * returns (a benchmark that looks right after init finds it). Linux only; elsewhere the new
+ * thread's own mcclThreadSetName call is what names it. */
+void mcclThreadSetNameOf(pthread_t thread, const char* name);
 
 /* Monotonic clock in nanoseconds. */
 int64_t mcclNowNs(void);

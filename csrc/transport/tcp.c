@@ -612,6 +612,7 @@ mcclResult_t mcclTransportStartSender(mcclTransport* t) {
     senderFree(s);
     return mcclSystemError;
   }
+  mcclThreadSetNameOf(s->thread, "mccl-send");
   return mcclSuccess;
 }
 
