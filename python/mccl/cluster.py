@@ -11,9 +11,10 @@ process that brought the cluster up crashed.
 
 Commands (``python -m mccl.cluster <command> --help`` for options; all but ``status`` need root)::
 
-    up       --hosts 4 --rate 2gbit        bring a cluster up (rolled back if anything fails)
+    up       --hosts 4 --rate 2gbit        bring a cluster up (rolled back if anything fails);
+             [--cpus-per-host C]            with C: pin each host's processes to C CPUs of its own
     down     [--all]                        remove everything it created; idempotent
-    status                                  what exists now, with addresses and qdiscs
+    status                                  what exists now, with addresses, qdiscs, pinned CPUs
     run      [--nproc N] -- CMD ARGS...     CMD once per rank, rank i in host i, torchrun-style env
     exec     --host I -- CMD ARGS...        one command inside host I (no rank environment)
     goodput  [--server 0 --client 1]        single-stream TCP goodput between two hosts
@@ -23,6 +24,10 @@ LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE
 TORCHELASTIC_RUN_ID, OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0 (Gloo otherwise resolves the
 machine's host name to an address that does not exist inside the namespace), and kills every rank
 when one fails, when the deadline passes, or when the tool itself is interrupted.
+
+The hosts share the machine's CPUs unless ``up --cpus-per-host C`` gives each its own: host i gets
+the (i+1)-th C of the CPUs ``up`` may run on, kept in the cluster's state, and every process the
+tool starts in host i (``run``'s ranks, ``exec``, the goodput tools) is pinned to them.
 
 ``goodput`` uses iperf3 (Debian package ``iperf3``) when it is installed and otherwise a Python
 socket sender/receiver; both measure one TCP stream's payload rate at the receiver after a
@@ -177,6 +182,7 @@ class ClusterSpec:
     latency: str = "50ms"
     subnet: str = DEFAULT_SUBNET
     cpus_per_host: int = 0  # 0: every host's processes may run on every CPU
+    host_cpus: list = field(default_factory=list)  # host i's CPUs, chosen by assign_cpus() at up
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -204,17 +210,24 @@ class ClusterSpec:
     def veth(self, i: int) -> str:
         return f"{self.prefix}v{i}"
 
-    def cpus(self, i: int) -> list[int] | None:
-        """The CPUs host i's processes are pinned to (like a machine of its own), or None when
-        ``cpus_per_host`` is 0: host i gets the (i+1)-th ``cpus_per_host`` of the CPUs this process
-        may run on. Raises ClusterError when there are too few for every host."""
+    def assign_cpus(self) -> None:
+        """With ``cpus_per_host`` > 0: give host i the (i+1)-th ``cpus_per_host`` of the CPUs this
+        process may run on, once (``up`` does, and the state file keeps them, so every later
+        command pins the same CPUs whatever its own affinity). Raises ClusterError when there
+        are too few for every host."""
         if self.cpus_per_host == 0:
-            return None
+            self.host_cpus = []
+            return
         avail = sorted(os.sched_getaffinity(0))
         if self.hosts * self.cpus_per_host > len(avail):
             raise ClusterError(f"{self.hosts} hosts x {self.cpus_per_host} CPUs need {self.hosts * self.cpus_per_host} "
                                f"CPUs; this process may run on {len(avail)}")
-        return avail[i * self.cpus_per_host:(i + 1) * self.cpus_per_host]
+        self.host_cpus = [avail[i * self.cpus_per_host:(i + 1) * self.cpus_per_host] for i in range(self.hosts)]
+
+    def cpus(self, i: int) -> list[int] | None:
+        """The CPUs host i's processes are pinned to (like a machine of its own), or None when
+        the hosts are not pinned."""
+        return list(self.host_cpus[i]) if self.host_cpus else None
 
     def addr(self, i: int) -> str:
         return str(ipaddress.ip_network(self.subnet)[i + 1])
@@ -270,7 +283,7 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
     Raises ClusterError when the cluster id is already in use.
     """
     require_root("up")
-    spec.cpus(spec.hosts - 1)  # enough CPUs for every host, before anything is created
+    spec.assign_cpus()  # enough CPUs for every host, before anything is created
     sh = Shell(iproute_dir, verbose)
     existing = existing_names(spec.id, sh)
     if existing:
@@ -394,13 +407,6 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     return removed
 
 
-def _cpus_or_none(spec: ClusterSpec, i: int) -> list[int] | None:
-    try:
-        return spec.cpus(i)
-    except ClusterError:  # status still lists a cluster whose CPUs this process cannot see
-        return None
-
-
 def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str:
     """A human-readable listing of the clusters that exist (one when ``cluster_id`` is given)."""
     lines = []
@@ -428,7 +434,7 @@ def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str
                 qdisc = sh.tc_("qdisc", "show", "dev", spec.veth(i), check=False).stdout.strip().split("\n")[0]
             lines.append(f"  h{i}: netns {spec.netns(i)}  {HOST_IFNAME} {spec.addr(i)}/{spec.prefixlen}  "
                          f"{spec.veth(i)}: {qdisc}  processes: {len(netns_pids(spec.netns(i)))}"
-                         + (f"  CPUs {','.join(map(str, cpus))}" if (cpus := _cpus_or_none(spec, i)) else ""))
+                         + (f"  CPUs {','.join(map(str, cpus))}" if (cpus := spec.cpus(i)) else ""))
     return "\n".join(lines)
 
 

@@ -130,9 +130,12 @@ def test_hosts_share_the_machines_cpus_unless_pinned(cluster_id):
         assert f"RANK {r} CPUS [{cpus[r]}]" in run.stdout, run.stdout
     # One CPU for one rank: no second thread.
     assert run.stdout.count("the engine thread sends (1 CPUs shared by 1 ranks of this job)") == 2, run.stdout
-    out = tool("exec", "--id", cluster_id, "--host", "1", "--", sys.executable, "-c",
-               "import os; print(sorted(os.sched_getaffinity(0)))").stdout
-    assert out.strip() == f"[{cpus[1]}]", out
+    # The CPUs were chosen at up: a command run from a narrower affinity pins the same ones.
+    out = subprocess.run([sys.executable, "-m", "mccl.cluster", "exec", "--id", cluster_id, "--host", "1", "--",
+                          sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: os.sched_setaffinity(0, [cpus[0]]))
+    assert out.returncode == 0 and out.stdout.strip() == f"[{cpus[1]}]", out.stdout + out.stderr
     gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "2", "--json").stdout)
     assert gp["bits_per_s"] > 0.3e9, gp
     tool("down", "--id", cluster_id)
