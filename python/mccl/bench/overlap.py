@@ -137,22 +137,24 @@ def summarize(times: dict, parts: list[tuple[float, float]]) -> dict:
     """``parts``: per overlapped step, when the first and the last rank finished backward
     (seconds from the step's start, from :func:`run_mode`).
 
-    The exposed communication (overlapped - compute) splits into the late end of backward (the
-    last rank's backward inside the overlapped step - compute alone, which is also the slowest
-    rank's: the compute's slowdown beside communication) and the tail (overlapped - the last
-    rank's backward: all-reduces still to run once every rank has issued its last; at least the
-    last bucket's, about comm / buckets). ``rank_skew_s`` is how much earlier the first rank
-    finished backward than the last."""
+    The split is that of one step, the overlapped step of median time (the lower middle one of an
+    even count), so that its parts add up: backward done (when the last rank finished its
+    compute) + tail (the all-reduces still running after that) = that step's time. Against the
+    compute-alone median, backward done - compute is the compute's slowdown beside
+    communication (negative when that step's compute happened to run faster: the compute alone
+    varies from step to step too). ``rank_skew_s`` is how much earlier the first rank finished
+    backward than the last. The ranks' clocks start at the step's barrier, which they leave
+    within about a millisecond of each other, so small tails are uncertain by that much."""
     med = {m: statistics.median(times[m]) for m in MODES}
     comm = med["comm"]
     hidden = 100 * (med["compute"] + comm - med["overlap"]) / comm if comm > 0 else None
-    done = statistics.median(last for _, last in parts)
+    k = times["overlap"].index(statistics.median_low(times["overlap"]))
+    first, last = parts[k]
     return {"median_s": med, "mean_s": {m: statistics.fmean(times[m]) for m in MODES}, "steps_s": times,
             "hidden_pct": hidden, "exposed_comm_s": med["overlap"] - med["compute"],
             "overhead_pct": 100 * (med["overlap"] - med["compute"]) / med["compute"],
-            "backward_done_s": done, "compute_slowdown_s": done - med["compute"],
-            "rank_skew_s": statistics.median(last - first for first, last in parts),
-            "overlap_tail_s": statistics.median(t - last for t, (_, last) in zip(times["overlap"], parts))}
+            "split_step_s": times["overlap"][k], "backward_done_s": last, "compute_slowdown_s": last - med["compute"],
+            "rank_skew_s": last - first, "overlap_tail_s": times["overlap"][k] - last}
 
 
 def main(args) -> int:
@@ -219,10 +221,12 @@ def print_table(results: dict, world: int) -> None:
                   "-" if r["hidden_pct"] is None else f"{r['hidden_pct']:.1f}", f"{r['overhead_pct']:.1f}",
                   f"{r['backward_done_s'] * 1e3:.1f}", f"{r['rank_skew_s'] * 1e3:.1f}", f"{r['overlap_tail_s'] * 1e3:.1f}")
     console().print(t)
-    console().print("# hidden = (compute + comm - overlapped) / comm; overhead = (overlapped - compute) / compute")
-    console().print("# in the overlapped step: backward done = when the last rank finished its compute (compute alone "
-                    "is also the slowest rank's); rank skew = how much earlier the first did; tail = overlapped - "
-                    "backward done, at least one bucket's all-reduce. exposed comm = (backward done - compute) + tail")
+    console().print("# hidden = (compute + comm - overlapped) / comm (negative: the overlapped step took longer than "
+                    "compute and communication one after the other); overhead = (overlapped - compute) / compute")
+    console().print("# split of the overlapped step of median time: backward done = when the last rank finished its "
+                    "compute; rank skew = how much earlier the first rank did; tail = that step's time - backward "
+                    "done (communication left once every rank had issued its last bucket; ideally about one "
+                    "bucket's all-reduce). With an odd --steps, exposed comm = (backward done - compute) + tail")
 
 
 def plot(results: dict, meta: dict, path: str) -> None:
