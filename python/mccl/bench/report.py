@@ -23,7 +23,9 @@ def print_header(meta: dict, args) -> None:
     lines = [f"# mccl.bench: {meta['world_size']} ranks, backends {', '.join(meta['backends'])}, "
              f"torch {meta['torch']}" + (f", mccl {meta['mccl']}" if "mccl" in meta else "")
              + (f", git {meta['git']}" if meta.get("git") else ""),
-             f"# host {meta['host']}, {meta['cpus']} CPUs, load average {meta['loadavg_start'][0]:.2f} at start",
+             f"# host {meta['host']}, {meta['cpus']} CPUs"
+             + (f" (rank 0 may run on {meta['cpus_usable']})" if meta.get("cpus_usable", meta["cpus"]) != meta["cpus"] else "")
+             + f", load average {meta['loadavg_start'][0]:.2f} at start",
              "# goodput: " + (f"{cluster.format_rate(gp['bits_per_s'])}, {gp['how']}" if gp else
                               "not given (--goodput measure|RATE): no %goodput column")]
     if meta["env"]:

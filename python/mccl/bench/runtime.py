@@ -361,7 +361,9 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
     meta = {
         "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": groups.world,
         "backends": backends, "torch": torch.__version__, "python": platform.python_version(),
-        "host": socket.gethostname(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+        "host": socket.gethostname(), "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("MCCL_", "GLOO_", "OMP_NUM")) and not k.startswith("MCCL_BENCH_")},
         "cpu_source": cpu_source_note(backends),
