@@ -105,13 +105,10 @@ static void commFree(struct mcclComm* comm) {
   mcclCommRelease(comm);
 }
 
-/* Rank r's host description (core/host.h) into `out`; this rank's own is `self`. */
-static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r, int self_rank,
-                             const char* self, char out[MCCL_HOST_STRLEN], int64_t deadline) {
-  if (r == self_rank) {
-    snprintf(out, MCCL_HOST_STRLEN, "%s", self);
-    return mcclSuccess;
-  }
+/* Rank r's host description (core/host.h) into `out`, as the store holds it (this rank's own
+ * too: every rank then judges the same values). */
+static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r, char out[MCCL_HOST_STRLEN],
+                             int64_t deadline) {
   char key[256], what[64];
   size_t len = 0;
   snprintf(key, sizeof(key), "%s/host/%d", prefix, r);
@@ -253,11 +250,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
       if (is_lo) lo = r;
     }
     char lo_host[MCCL_HOST_STRLEN] = "";
-    if (lo >= 0) MCCLCHECKGOTO(readHost(store, prefix, lo, comm->rank, host, lo_host, deadline), res, fail);
+    if (lo >= 0) MCCLCHECKGOTO(readHost(store, prefix, lo, lo_host, deadline), res, fail);
     mcclCpuShare share;
     mcclCpuShareInit(&share, host);
     for (int r = 0; r < comm->nranks; r++) {
-      MCCLCHECKGOTO(readHost(store, prefix, r, comm->rank, host, other, deadline), res, fail);
+      MCCLCHECKGOTO(readHost(store, prefix, r, other, deadline), res, fail);
       if (r != comm->rank) mcclCpuShareAdd(&share, other);
       if (lo >= 0 && !mcclHostSameLoopback(other, lo_host)) {
         mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
@@ -277,11 +274,12 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     close(listen_fd); /* the mesh is complete: nobody else may connect */
     listen_fd = -1;
     int64_t send_thread = mcclParamInt("MCCL_SEND_THREAD");
-    /* A second thread pays off only with a CPU of its own: two CPUs per rank that shares them. */
-    int cpus = mcclCpuShareCpus(&share);
-    if (send_thread < 0) send_thread = cpus >= 2 * share.ranks;
-    INFO(MCCL_SUB_INIT, "rank %d: %s (%d CPUs shared by %d ranks of this job)", comm->rank,
-         send_thread ? "sends on the mccl-send thread" : "the engine thread sends", cpus, share.ranks);
+    /* A second thread pays off only with a CPU of its own: this rank may run on 2 CPUs, and the
+     * ranks that share them have 2 each. */
+    int cpus = mcclCpuShareCpus(&share), own = mcclCpuShareSelfCpus(&share);
+    if (send_thread < 0) send_thread = own >= 2 && cpus >= 2 * share.ranks;
+    INFO(MCCL_SUB_INIT, "rank %d: %s (it may run on %d CPUs; %d CPUs shared by %d ranks of this job)", comm->rank,
+         send_thread ? "sends on the mccl-send thread" : "the engine thread sends", own, cpus, share.ranks);
     if (send_thread && mcclTransportStartSender(&comm->tp) != mcclSuccess)
       WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
@@ -306,8 +304,9 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   INFO(MCCL_SUB_INIT, "rank %d/%d: %s", comm->rank, comm->nranks,
        comm->algo.single_host ? "every rank on this host (loopback)" : "ranks on several hosts");
 
-  if (pthread_create(&comm->engine, NULL, mcclEngineMain, comm) != 0) {
-    mcclSetThreadError("mcclCommInitConfig: cannot start the engine thread: %s", strerror(errno));
+  int rc = pthread_create(&comm->engine, NULL, mcclEngineMain, comm);
+  if (rc != 0) {
+    mcclSetThreadError("mcclCommInitConfig: cannot start the engine thread: %s", strerror(rc));
     res = mcclSystemError;
     goto fail;
   }

@@ -100,11 +100,11 @@ void mcclThreadSetName(const char* name) {
 }
 
 void mcclThreadSetNameOf(pthread_t thread, const char* name) {
-#if defined(__APPLE__)
+#if defined(__linux__)
+  pthread_setname_np(thread, name);
+#else
   (void)thread;
   (void)name;
-#else
-  pthread_setname_np(thread, name);
 #endif
 }
 

@@ -56,20 +56,26 @@ void mcclHostDescribe(char* out, size_t cap) {
   struct stat st;
   if (stat("/proc/self/ns/net", &st) == 0) snprintf(netns, sizeof(netns), "%llu", (unsigned long long)st.st_ino);
 #endif
-  if (machine[0] == '\0' && gethostname(machine, sizeof(machine)) != 0) snprintf(machine, sizeof(machine), "unknown");
+  if (machine[0] == '\0' && gethostname(machine, sizeof(machine)) != 0) machine[0] = '\0';
   machine[sizeof(machine) - 1] = '\0';
+  if (machine[0] == '\0') snprintf(machine, sizeof(machine), "unknown");
   for (char* c = machine; *c; c++)
     if (*c == ' ') *c = '_'; /* fields are space-separated */
 
   uint8_t cpus[MCCL_HOST_MAX_CPUS / 8] = {0};
   int known = 0;
 #if defined(__linux__)
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
-    for (int c = 0; c < MCCL_HOST_MAX_CPUS && c < CPU_SETSIZE; c++)
-      if (CPU_ISSET(c, &set)) cpus[c / 8] |= (uint8_t)(1u << (c % 8));
+  /* A mask as wide as the kernel's (a cpu_set_t holds 1024 CPUs; the call fails on machines
+   * configured for more), of which the first MCCL_HOST_MAX_CPUS are kept. */
+  const int widest = 16384;
+  cpu_set_t* set = CPU_ALLOC(widest);
+  size_t size = CPU_ALLOC_SIZE(widest);
+  if (set != NULL && sched_getaffinity(0, size, set) == 0 && CPU_COUNT_S(size, set) > 0) {
+    for (int c = 0; c < MCCL_HOST_MAX_CPUS; c++)
+      if (CPU_ISSET_S(c, size, set)) cpus[c / 8] |= (uint8_t)(1u << (c % 8));
     known = 1;
   }
+  if (set != NULL) CPU_FREE(set);
 #endif
   if (!known) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -88,7 +94,7 @@ void mcclHostDescribe(char* out, size_t cap) {
 
 int mcclHostSameLoopback(const char* a, const char* b) {
   hostFields fa, fb;
-  if (parse(a, &fa) != 0 || parse(b, &fb) != 0) return 0;
+  if (parse(a, &fa) != 0 || parse(b, &fb) != 0) return strcmp(a, b) == 0;
   return strcmp(fa.machine, fb.machine) == 0 && strcmp(fa.netns, fb.netns) == 0;
 }
 
@@ -112,8 +118,12 @@ void mcclCpuShareAdd(mcclCpuShare* s, const char* other) {
   for (size_t b = 0; b < sizeof(s->mask); b++) s->mask[b] |= f.cpus[b];
 }
 
-int mcclCpuShareCpus(const mcclCpuShare* s) {
+static int countCpus(const uint8_t* set, size_t bytes) {
   int n = 0;
-  for (size_t b = 0; b < sizeof(s->mask); b++) n += __builtin_popcount(s->mask[b]);
+  for (size_t b = 0; b < bytes; b++) n += __builtin_popcount(set[b]);
   return n > 0 ? n : 1;
 }
+
+int mcclCpuShareCpus(const mcclCpuShare* s) { return countCpus(s->mask, sizeof(s->mask)); }
+
+int mcclCpuShareSelfCpus(const mcclCpuShare* s) { return countCpus(s->self, sizeof(s->self)); }

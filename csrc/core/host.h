@@ -4,11 +4,13 @@
  * A host description is one line of three fields separated by single spaces:
  *   <machine> <netns> <cpus>
  *   machine  the kernel's boot id on Linux (/proc/sys/kernel/random/boot_id: network namespaces
- *            and containers on one machine share it), else the host name
+ *            and containers on one machine share it), else (or when it cannot be read) the host
+ *            name, "unknown" without one; host names need not be unique, boot ids are
  *   netns    the inode of /proc/self/ns/net on Linux ("-" elsewhere): ranks with the same
  *            machine and netns reach each other's loopback addresses
  *   cpus     the CPUs this process may run on (its affinity mask on Linux, every online CPU
- *            elsewhere) as hexadecimal, least significant digit = CPUs 0-3, e.g. "ff" = CPUs 0-7
+ *            elsewhere) as hexadecimal, least significant digit = CPUs 0-3, e.g. "ff" = CPUs 0-7;
+ *            CPUs from 1024 up are left out
  * Ranks on one machine whose CPU sets overlap compete for those CPUs, whatever their network
  * namespace: that decides whether a rank can afford a second thread (core/comm.c).
  */
@@ -18,14 +20,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MCCL_HOST_STRLEN 384   /* a description: 64 + 24 + 256 hex digits (1024 CPUs) + spaces */
+#define MCCL_HOST_STRLEN 384   /* a description: 79 + 1 + 20 + 1 + 256 hex digits (1024 CPUs) + NUL */
 #define MCCL_HOST_MAX_CPUS 1024
 
 /* This process's description into `out` (of `cap` bytes, at least MCCL_HOST_STRLEN). */
 void mcclHostDescribe(char* out, size_t cap);
 
 /* 1 when `a` and `b` name the same machine and network namespace (each can dial the other's
- * loopback address); 0 otherwise, and for descriptions that do not parse. */
+ * loopback address); 0 otherwise. Descriptions that do not parse match only when equal. */
 int mcclHostSameLoopback(const char* a, const char* b);
 
 /* The ranks that compete with this one for CPUs, accumulated one description at a time:
@@ -46,5 +48,7 @@ void mcclCpuShareInit(mcclCpuShare* s, const char* self);
 void mcclCpuShareAdd(mcclCpuShare* s, const char* other);
 /* CPUs in the union of the sharing ranks' sets (at least 1). */
 int mcclCpuShareCpus(const mcclCpuShare* s);
+/* CPUs in this rank's own set (at least 1). */
+int mcclCpuShareSelfCpus(const mcclCpuShare* s);
 
 #endif /* MCCL_CORE_HOST_H_ */

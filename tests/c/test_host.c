@@ -29,8 +29,8 @@ static void testOwnDescription(void) {
   /* A child in another network namespace would differ in the second field only: emulate it. */
   char other_ns[MCCL_HOST_STRLEN];
   const char* sp = strchr(me, ' ');
-  EXPECT(sp != NULL, "no field separator in '%s'", me);
-  if (sp != NULL) {
+  EXPECT(sp != NULL && strchr(sp + 1, ' ') != NULL, "no two field separators in '%s'", me);
+  if (sp != NULL && strchr(sp + 1, ' ') != NULL) {
     snprintf(other_ns, sizeof(other_ns), "%.*s 1%s", (int)(sp - me), me, strchr(sp + 1, ' '));
     EXPECT(!mcclHostSameLoopback(me, other_ns), "'%s' and '%s' share a loopback", me, other_ns);
   }
@@ -41,8 +41,11 @@ static void testLoopback(void) {
   EXPECT(!mcclHostSameLoopback("m1 100 ff", "m1 101 ff"), "other namespace");
   EXPECT(!mcclHostSameLoopback("m1 100 ff", "m2 100 ff"), "other machine");
   const char* bad[] = {"", "m1", "m1 100", "m1 100 ", " 100 ff", "m1  ff", "m1 100 fg", "m1 100 ff x"};
-  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-    EXPECT(!mcclHostSameLoopback(bad[i], bad[i]), "'%s' parsed", bad[i]);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) { /* equal strings still match */
+    EXPECT(mcclHostSameLoopback(bad[i], bad[i]), "'%s' does not match itself", bad[i]);
+    EXPECT(!mcclHostSameLoopback(bad[i], "m1 100 ff"), "'%s' matched a valid description", bad[i]);
+  }
+  EXPECT(!mcclHostSameLoopback("m1 100 fg", "m1 100 fh"), "two different malformed descriptions matched");
 }
 
 static void testCpuShare(void) {
@@ -64,6 +67,12 @@ static void testCpuShare(void) {
   mcclCpuShareAdd(&s, "m1 2 c");
   mcclCpuShareAdd(&s, "m1 3 30");
   EXPECT(s.ranks == 1 && mcclCpuShareCpus(&s) == 2, "pinned: ranks %d cpus %d", s.ranks, mcclCpuShareCpus(&s));
+  EXPECT(mcclCpuShareSelfCpus(&s) == 2, "own CPUs %d, expected 2", mcclCpuShareSelfCpus(&s));
+  /* A rank pinned to one CPU beside an unpinned one: many CPUs together, but only one of its own. */
+  mcclCpuShareInit(&s, "m1 1 1");
+  mcclCpuShareAdd(&s, "m1 2 ffffffffffffffff");
+  EXPECT(s.ranks == 2 && mcclCpuShareCpus(&s) == 64 && mcclCpuShareSelfCpus(&s) == 1,
+         "ranks %d cpus %d own %d, expected 2, 64, 1", s.ranks, mcclCpuShareCpus(&s), mcclCpuShareSelfCpus(&s));
   /* The widest mask (1024 CPUs) parses; one digit more does not. */
   char wide[MCCL_HOST_STRLEN] = "m1 1 ";
   memset(wide + 5, 'f', MCCL_HOST_MAX_CPUS / 4);
