@@ -35,7 +35,7 @@ static mcclParam params[] = {
     {"MCCL_ALLTOALL_WINDOW", -1, -1, 1 << 20, 0, NULL, 0},
     /* 1: a communicator writes its sockets on a thread of its own ("mccl-send") while the
      * engine thread receives and reduces; 0: the engine thread does all three; -1: 1 when
-     * the process may use at least two CPUs per rank on its host. */
+     * this rank may run on two CPUs and the ranks sharing its CPUs have two each (core/host.h). */
     {"MCCL_SEND_THREAD", -1, -1, 1, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},

@@ -1030,18 +1030,13 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
   free(heard);
 }
 
-int mcclTransportLocalRanks(const mcclTransport* t) {
-  const char* colon = strrchr(t->self_addr, ':');
-  if (colon == NULL || t->nranks < 2) return 1;
-  size_t host_len = (size_t)(colon - t->self_addr) + 1; /* with the ':': 10.0.0.1 is not 10.0.0.12 */
-  int local = 1;
-  for (int r = 0; r < t->nranks; r++)
-    if (r != t->rank && strncmp(t->conns[r].addr, t->self_addr, host_len) == 0) local++;
-  return local;
-}
-
 int mcclTransportSingleHost(const mcclTransport* t) {
-  return t->nranks >= 2 && strrchr(t->self_addr, ':') != NULL && mcclTransportLocalRanks(t) == t->nranks;
+  const char* colon = strrchr(t->self_addr, ':');
+  if (colon == NULL || t->nranks < 2) return 0;
+  size_t host_len = (size_t)(colon - t->self_addr) + 1; /* with the ':': 10.0.0.1 is not 10.0.0.12 */
+  for (int r = 0; r < t->nranks; r++)
+    if (r != t->rank && strncmp(t->conns[r].addr, t->self_addr, host_len) != 0) return 0;
+  return 1;
 }
 
 int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {

@@ -184,10 +184,6 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap);
  * by mcclTransportFromFds have no addresses: 0. */
 int mcclTransportSingleHost(const mcclTransport* t);
 
-/* How many ranks (this one included) published the same host address as this rank: 1 for
- * transports made by mcclTransportFromFds. */
-int mcclTransportLocalRanks(const mcclTransport* t);
-
 /* Close every socket and free the transport's memory. */
 void mcclTransportClose(mcclTransport* t);
 

@@ -103,29 +103,32 @@ _INIT_AND_REPORT = (
     "dist.destroy_process_group()\n")
 
 
+def _init_and_report(cluster_id: str) -> subprocess.CompletedProcess:
+    """Run _INIT_AND_REPORT on every host of the cluster, with mccl's INIT lines logged."""
+    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--timeout", "120", "--",
+                          sys.executable, "-c", _INIT_AND_REPORT], cwd=ROOT,
+                         env=dict(ENV, MCCL_DEBUG="INFO", MCCL_DEBUG_SUBSYS="INIT"),
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
 @needs_root
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: one per pinned host")
 def test_hosts_share_the_machines_cpus_unless_pinned(cluster_id):
     """Hosts are namespaces of one machine: unpinned, their ranks compete for its CPUs, and mccl
     counts them all when it decides on a sender thread; with --cpus-per-host each host's
     processes run on CPUs of their own, and each rank counts only itself."""
-    env = {"MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "INIT"}
     n = len(os.sched_getaffinity(0))
     tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit")
-    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--timeout", "120", "--",
-                          sys.executable, "-c", _INIT_AND_REPORT], cwd=ROOT, env=dict(ENV, **env),
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = _init_and_report(cluster_id)
     assert run.stdout.count(f"(it may run on {n} CPUs; {n} CPUs shared by 2 ranks of this job)") == 2, run.stdout
     tool("down", "--id", cluster_id)
 
     tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit", "--cpus-per-host", "1")
     cpus = sorted(os.sched_getaffinity(0))
     assert f"CPUs {cpus[1]}" in tool("status", "--id", cluster_id).stdout
-    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--timeout", "120", "--",
-                          sys.executable, "-c", _INIT_AND_REPORT], cwd=ROOT, env=dict(ENV, **env),
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = _init_and_report(cluster_id)
     for r in range(2):
         assert f"RANK {r} CPUS [{cpus[r]}]" in run.stdout, run.stdout
     # One CPU for one rank: no second thread.
