@@ -31,7 +31,9 @@ tool starts in host i (``run``'s ranks, ``exec``, the goodput tools) is pinned t
 
 ``goodput`` uses iperf3 (Debian package ``iperf3``) when it is installed and otherwise a Python
 socket sender/receiver; both measure one TCP stream's payload rate at the receiver after a
-warm-up second, which is what a ring link can carry.
+warm-up second, which is what a ring link can carry, and the CPU the stream cost its sending and
+its receiving process (% of one core), the kernel's floor for a rank that sends and receives at
+that rate.
 
 The ``ip`` and ``tc`` binaries come from ``--iproute-dir DIR`` (or ``MCCL_IPROUTE_DIR``), else from
 ``PATH``, else from the repository's ``.tools/iproute`` that ``bench/bundle_iproute.sh`` fills on a
@@ -619,15 +621,17 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
 GOODPUT_OMIT_S = 1.0
 
 
-def goodput_sink(listener: socket.socket, omit_s: float = GOODPUT_OMIT_S, timeout: float = 60) -> float:
-    """Accept one connection on ``listener`` and read until EOF; return the payload rate in bits/s
-    measured at the receiver, ignoring the first ``omit_s`` seconds (TCP slow start)."""
+def goodput_sink(listener: socket.socket, omit_s: float = GOODPUT_OMIT_S, timeout: float = 60) -> tuple[float, float]:
+    """Accept one connection on ``listener`` and read until EOF. Returns the payload rate in bits/s
+    measured at the receiver and the CPU the receiving thread used meanwhile (% of one core: its
+    thread CPU time over wall time, kernel time included), both ignoring the first ``omit_s``
+    seconds (TCP slow start)."""
     listener.settimeout(timeout)
     conn, _ = listener.accept()
     conn.settimeout(timeout)
     buf = bytearray(4 << 20)
     view = memoryview(buf)
-    total, start, mark_t, mark_b = 0, None, None, 0
+    total, start, mark_t, mark_b, mark_cpu = 0, None, None, 0, 0.0
     with conn:
         while True:
             n = conn.recv_into(view)
@@ -635,16 +639,16 @@ def goodput_sink(listener: socket.socket, omit_s: float = GOODPUT_OMIT_S, timeou
                 break
             now = time.perf_counter()
             if start is None:
-                start = now
+                start, start_cpu = now, time.thread_time()
             total += n
             if mark_t is None and now - start >= omit_s:
-                mark_t, mark_b = now, total
-        end = time.perf_counter()
+                mark_t, mark_b, mark_cpu = now, total, time.thread_time()
+        end, end_cpu = time.perf_counter(), time.thread_time()
     if start is None:
         raise ClusterError("goodput: the sender sent nothing")
     if mark_t is None or end - mark_t < 0.2:  # too short to omit anything
-        mark_t, mark_b = start, 0
-    return (total - mark_b) * 8 / (end - mark_t)
+        mark_t, mark_b, mark_cpu = start, 0, start_cpu
+    return (total - mark_b) * 8 / (end - mark_t), 100 * (end_cpu - mark_cpu) / (end - mark_t)
 
 
 def connect_retry(addr: str, port: int, timeout: float) -> socket.socket:
@@ -659,17 +663,21 @@ def connect_retry(addr: str, port: int, timeout: float) -> socket.socket:
             time.sleep(0.05)
 
 
-def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float = 10) -> None:
-    """Connect to ``addr:port`` (retrying until the sink listens) and send for ``seconds``."""
+def goodput_source(addr: str, port: int, seconds: float, connect_timeout: float = 10) -> float:
+    """Connect to ``addr:port`` (retrying until the sink listens) and send for ``seconds``. Returns
+    the CPU the sending thread used (% of one core, kernel time included)."""
     sock = connect_retry(addr, port, connect_timeout)
     payload = bytes(1 << 20)
     with sock:
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         stop = time.monotonic() + seconds
         while time.monotonic() < stop:
             sock.sendall(payload)
+        cpu = 100 * (time.thread_time() - cpu0) / (time.perf_counter() - t0)
         sock.shutdown(socket.SHUT_WR)
         sock.settimeout(30)
         sock.recv(1)  # wait for the sink to close: every byte was received
+    return cpu
 
 
 def iperf3_path() -> str | None:
@@ -682,9 +690,11 @@ def iperf3_path() -> str | None:
 
 
 def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None = None,
-                          connect_timeout: float = 10, cpus: Sequence[int] | None = None) -> float:
+                          connect_timeout: float = 10, cpus: Sequence[int] | None = None) -> dict:
     """Run ``iperf3 -c`` (in namespace ``ns``, pinned to ``cpus``) against a server already started
-    on ``addr:port``; return receiver bits/s (``end.sum_received``, omitting the first second)."""
+    on ``addr:port``. Returns ``{"bits_per_s", "sender_cpu_pct", "receiver_cpu_pct"}``: receiver
+    bits/s (``end.sum_received``, omitting the first second) and iperf3's own CPU figures for the
+    client (sender) and server (receiver) processes, % of one core, kernel time included."""
     argv = ns_argv(ns, [iperf3_path() or "iperf3", "-c", addr, "-p", str(port), "-t", str(max(1, round(seconds))),
                         "-O", str(int(GOODPUT_OMIT_S)), "-J"], cpus)
     end = time.monotonic() + connect_timeout
@@ -695,16 +705,21 @@ def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None =
         except json.JSONDecodeError:
             report = {"error": proc.stderr.strip() or proc.stdout.strip()}
         if "error" not in report:
-            return float(report["end"]["sum_received"]["bits_per_second"])
+            cpu = report["end"].get("cpu_utilization_percent", {})
+            return {"bits_per_s": float(report["end"]["sum_received"]["bits_per_second"]),
+                    "sender_cpu_pct": cpu.get("host_total"), "receiver_cpu_pct": cpu.get("remote_total")}
         if "connect" not in str(report["error"]) or time.monotonic() > end:
             raise ClusterError(f"iperf3 failed: {report['error']}")
         time.sleep(0.1)  # the server is not listening yet
 
 
 def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds: float = 5.0,
-                    tool: str = "auto", port: int = 5201) -> tuple[float, str]:
-    """Single-stream TCP goodput from host ``client`` to host ``server`` in bits/s, and the tool used
-    (``iperf3`` when installed and ``tool`` is auto, else ``python``)."""
+                    tool: str = "auto", port: int = 5201) -> dict:
+    """Single-stream TCP goodput from host ``client`` to host ``server``: ``{"bits_per_s", "tool",
+    "sender_cpu_pct", "receiver_cpu_pct"}``, the tool being ``iperf3`` when installed and ``tool``
+    is auto, else ``python``. The CPU figures (% of one core, kernel time included) are what moving
+    that stream cost the sending and the receiving process: a rank that sends and receives at this
+    rate pays about their sum before any work of its own."""
     if server == client or not (0 <= server < spec.hosts and 0 <= client < spec.hosts):
         raise ClusterError(f"goodput needs two different hosts of 0..{spec.hosts - 1}")
     tool = ("iperf3" if iperf3_path() else "python") if tool == "auto" else tool
@@ -715,7 +730,8 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
         srv = subprocess.Popen(host_argv(spec, server, [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
-            return goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client)), tool
+            return {**goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client)),
+                    "tool": tool}
         finally:
             _stop(srv)
     if tool != "python":
@@ -730,9 +746,20 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
         out, err = sink.communicate(timeout=30)
         if sink.returncode != 0:
             raise ClusterError(f"goodput receiver failed: {err.strip()}")
-        return float(out.strip()), tool
+        bits, receiver_cpu = map(float, out.split())
+        return {"bits_per_s": bits, "tool": tool, "sender_cpu_pct": float(src.stdout.strip()),
+                "receiver_cpu_pct": receiver_cpu}
     finally:
         _stop(sink)
+
+
+def format_goodput(gp: dict) -> str:
+    """``4.963 Gbit/s (0.6204 GB/s)``, then the stream's CPU cost when known."""
+    text = format_rate(gp["bits_per_s"])
+    if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
+        text += (f"; its CPU: sender {gp['sender_cpu_pct']:.0f}% + receiver {gp['receiver_cpu_pct']:.0f}% "
+                 f"of a core")
+    return text
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -858,9 +885,9 @@ def _internal(argv: list[str]) -> int:
     addr, port = rest[0], int(rest[1])
     if cmd == "_sink":
         with socket.create_server((addr, port)) as ls:
-            print(goodput_sink(ls), flush=True)
+            print(*goodput_sink(ls), flush=True)
     elif cmd == "_source":
-        goodput_source(addr, port, float(rest[2]))
+        print(goodput_source(addr, port, float(rest[2])), flush=True)
     elif cmd == "_accept":
         with socket.create_server((addr, port)) as ls:
             ls.settimeout(float(rest[3]))
@@ -924,13 +951,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "goodput":
             require_root("goodput")
             spec = load_spec(args.id)
-            bits, tool = measure_goodput(spec, args.server, args.client, args.seconds, args.tool)
+            gp = measure_goodput(spec, args.server, args.client, args.seconds, args.tool)
             if args.json:
-                print(json.dumps({"bits_per_s": bits, "bytes_per_s": bits / 8, "tool": tool, "rate": spec.rate,
+                print(json.dumps({**gp, "bytes_per_s": gp["bits_per_s"] / 8, "rate": spec.rate,
                                   "server": args.server, "client": args.client}))
             else:
-                print(f"single-stream TCP goodput h{args.client} -> h{args.server}: {format_rate(bits)} "
-                      f"[{tool}; link {spec.rate}]")
+                print(f"single-stream TCP goodput h{args.client} -> h{args.server}: {format_goodput(gp)} "
+                      f"[{gp['tool']}; link {spec.rate}]")
         return 0
     except ClusterError as exc:
         print(f"mccl.cluster: error: {exc}", file=sys.stderr)

@@ -93,6 +93,11 @@ def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
         assert r["busbw_pct_goodput"] > 0 and r["rss_peak_mib"] > 0 and r["cpu_proc_pct"] >= 0, r
         assert r["skew_ms"] == 2 and r["skew_rank"] == 1
     assert data["meta"]["goodput"]["bits_per_s"] > 0 and data["meta"]["world_size"] == 2
+    # What moving the goodput stream cost its two ends, and the footnote that reads it against the engines.
+    gp = data["meta"]["goodput"]
+    assert 0 < gp["sender_cpu_pct"] < 400 and 0 < gp["receiver_cpu_pct"] < 400, gp
+    assert f"a rank that sends and receives at that rate pays about " \
+           f"{gp['sender_cpu_pct'] + gp['receiver_cpu_pct']:.0f}%" in out, out[-4000:]
     assert "mccl" in data["meta"]["cpu_source"] and "gloo" in data["meta"]["cpu_source"]
     assert out_png.stat().st_size > 10_000
 

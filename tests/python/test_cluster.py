@@ -8,8 +8,10 @@ deadline, and a finalizer removes the cluster whatever happens.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -68,6 +70,7 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
     gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "3", "--json").stdout)
     # tbf caps the link at 1 Gbit/s; a loaded 2-core machine may deliver less, but not far less.
     assert 0.3e9 < gp["bits_per_s"] <= 1.02e9, gp
+    assert 0 < gp["sender_cpu_pct"] < 400 and 0 < gp["receiver_cpu_pct"] < 400, gp
 
     out_json = tmp_path / "c.json"
     proc = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", cluster_id, "--sizes", "1K,256K", "-n", "2",
@@ -78,6 +81,7 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
     data = json.loads(out_json.read_text())
     assert data["meta"]["world_size"] == 2 and data["meta"]["env"]["MCCL_CLUSTER_ID"] == cluster_id
     assert "mccl.cluster" in data["meta"]["goodput"]["how"]
+    assert data["meta"]["goodput"]["sender_cpu_pct"] > 0 and data["meta"]["goodput"]["receiver_cpu_pct"] > 0
     assert all(r["wrong"] == 0 and "error" not in r for r in data["results"]), data["results"]
 
     # The ranks really ran inside the hosts: rank i's network namespace is host i's.
@@ -140,8 +144,10 @@ def test_hosts_share_the_machines_cpus_unless_pinned(cluster_id):
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
                          preexec_fn=lambda: os.sched_setaffinity(0, [cpus[0]]))
     assert out.returncode == 0 and out.stdout.strip() == f"[{cpus[1]}]", out.stdout + out.stderr
-    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "2", "--json").stdout)
-    assert gp["bits_per_s"] > 0.3e9, gp
+    # The Python tool (iperf3's stand-in) from pinned hosts: rate and both ends' CPU.
+    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "2", "--tool", "python", "--json").stdout)
+    assert gp["bits_per_s"] > 0.3e9 and gp["tool"] == "python", gp
+    assert 0 < gp["sender_cpu_pct"] < 200 and 0 < gp["receiver_cpu_pct"] < 200, gp
     tool("down", "--id", cluster_id)
 
     # More CPUs than there are: refused before anything is created.
@@ -210,3 +216,16 @@ def test_rates_and_names():
         cluster.ClusterSpec(id="toolong")
     env = cluster.rank_env(3, 8, "198.18.0.1", 29500, local_rank=1, local_world_size=2)
     assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "1" and env["GROUP_WORLD_SIZE"] == "4"
+
+
+def test_python_goodput_reports_rate_and_both_ends_cpu():
+    """The Python goodput pair on loopback (no root): a rate, and CPU use of each end's thread."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        got = {}
+        sink = threading.Thread(target=lambda: got.update(zip(("bits", "cpu"), cluster.goodput_sink(listener, 0.1))))
+        sink.start()
+        sender_cpu = cluster.goodput_source("127.0.0.1", listener.getsockname()[1], 0.5)
+        sink.join(timeout=30)
+    assert got["bits"] > 1e8, got
+    # Moving hundreds of MB costs each end CPU time; one thread cannot use more than one core.
+    assert 0 < got["cpu"] <= 101 and 0 < sender_cpu <= 101, (got, sender_cpu)

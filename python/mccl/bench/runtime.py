@@ -279,7 +279,7 @@ def measure_goodput_in_run(groups: Groups, seconds: float, tool: str = "auto") -
 
             def sink():
                 try:
-                    result["bits_per_s"] = cluster.goodput_sink(listener)
+                    result["bits_per_s"], result["receiver_cpu_pct"] = cluster.goodput_sink(listener)
                 except Exception as exc:  # reported below
                     result["error"] = str(exc)
 
@@ -290,9 +290,9 @@ def measure_goodput_in_run(groups: Groups, seconds: float, tool: str = "auto") -
         if groups.rank == 1:
             try:
                 if tool == "iperf3":
-                    result["bits_per_s"] = cluster.goodput_iperf3_client(addr, port[0], seconds)
+                    result.update(cluster.goodput_iperf3_client(addr, port[0], seconds))
                 else:
-                    cluster.goodput_source(addr, port[0], seconds)
+                    result["sender_cpu_pct"] = cluster.goodput_source(addr, port[0], seconds)
             except Exception as exc:
                 result["error"] = str(exc)
         if groups.rank == 0 and listener is not None:
@@ -310,7 +310,8 @@ def measure_goodput_in_run(groups: Groups, seconds: float, tool: str = "auto") -
         merged.update(part)
     if "error" in merged or "bits_per_s" not in merged:
         raise RuntimeError(f"goodput measurement failed: {merged.get('error', 'no result')}")
-    return {"bits_per_s": merged["bits_per_s"], "tool": tool,
+    return {"bits_per_s": merged["bits_per_s"], "tool": tool, "sender_cpu_pct": merged.get("sender_cpu_pct"),
+            "receiver_cpu_pct": merged.get("receiver_cpu_pct"),
             "how": f"measured in this run, rank 1 -> rank 0 ({addr}), one TCP stream, {seconds:g} s, {tool}"}
 
 
@@ -319,7 +320,9 @@ def resolve_goodput(args, groups: Groups) -> dict | None:
     the cluster tool (passed in MCCL_BENCH_GOODPUT/_HOW), or measured here by ranks 0 and 1."""
     how = os.environ.get("MCCL_BENCH_GOODPUT_HOW")
     if args.goodput == "measure" and how:
-        return {"bits_per_s": cluster.parse_rate(os.environ["MCCL_BENCH_GOODPUT"]), "tool": "mccl.cluster", "how": how}
+        cpu = [float(x) for x in os.environ.get("MCCL_BENCH_GOODPUT_CPU", "").split(",") if x]
+        return {"bits_per_s": cluster.parse_rate(os.environ["MCCL_BENCH_GOODPUT"]), "tool": "mccl.cluster", "how": how,
+                **(dict(zip(("sender_cpu_pct", "receiver_cpu_pct"), cpu)) if len(cpu) == 2 else {})}
     gp = parse_goodput(args.goodput)
     if gp and gp.get("measure"):
         gp = measure_goodput_in_run(groups, args.goodput_seconds, args.goodput_tool)
@@ -343,11 +346,14 @@ def driver_goodput_env(args) -> dict[str, str]:
     if not (args.cluster and args.goodput == "measure"):
         return {}
     spec, _ = driver_spec(args)
-    bits, tool = cluster.measure_goodput(spec, 0, 1, args.goodput_seconds, args.goodput_tool)
-    print(f"# goodput h1 -> h0 (cluster tool, {tool}): {cluster.format_rate(bits)}", flush=True)
-    return {"MCCL_BENCH_GOODPUT": f"{bits:.0f}bit",
-            "MCCL_BENCH_GOODPUT_HOW": f"measured in this run by mccl.cluster, host 1 -> host 0, one TCP stream, "
-                                      f"{args.goodput_seconds:g} s, {tool}"}
+    gp = cluster.measure_goodput(spec, 0, 1, args.goodput_seconds, args.goodput_tool)
+    print(f"# goodput h1 -> h0 (cluster tool, {gp['tool']}): {cluster.format_goodput(gp)}", flush=True)
+    env = {"MCCL_BENCH_GOODPUT": f"{gp['bits_per_s']:.0f}bit",
+           "MCCL_BENCH_GOODPUT_HOW": f"measured in this run by mccl.cluster, host 1 -> host 0, one TCP stream, "
+                                     f"{args.goodput_seconds:g} s, {gp['tool']}"}
+    if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
+        env["MCCL_BENCH_GOODPUT_CPU"] = f"{gp['sender_cpu_pct']:.2f},{gp['receiver_cpu_pct']:.2f}"
+    return env
 
 
 # ---------------------------------------------------------------------------------------------
