@@ -254,9 +254,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     mcclCpuShare share;
     mcclCpuShareInit(&share, host);
     for (int r = 0; r < comm->nranks; r++) {
-      MCCLCHECKGOTO(readHost(store, prefix, r, other, deadline), res, fail);
-      if (r != comm->rank) mcclCpuShareAdd(&share, other);
-      if (lo >= 0 && !mcclHostSameLoopback(other, lo_host)) {
+      const char* desc = other;
+      if (r == lo) desc = lo_host; /* read once, above */
+      else MCCLCHECKGOTO(readHost(store, prefix, r, other, deadline), res, fail);
+      if (r != comm->rank) mcclCpuShareAdd(&share, desc);
+      if (lo >= 0 && !mcclHostSameLoopback(desc, lo_host)) {
         mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
                            "(%s) runs on another host or network namespace and cannot reach it. "
                            "Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to loopback: give "
