@@ -9,6 +9,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -131,6 +132,41 @@ void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.device().is_cpu(), "mccl ", op, ": tensor is on device ", t.device(),
               "; this build of mccl moves cpu tensors (call .cpu() or register another device)");
   toMcclType(t, op);
+}
+
+// The outputs of a list collective are filled by copies out of one staging buffer: each must be
+// writable on its own. Two outputs that share memory (the same tensor twice, overlapping views)
+// or one whose elements do (expand()) would silently keep only the last copy, so they are
+// refused. Spans are sorted by start address, and only outputs whose spans meet are compared
+// (at::get_overlap_status; strided views it cannot judge pass, as in torch's own checks).
+void checkOutputs(const std::vector<at::Tensor>& outs, const char* op) {
+  struct Span {
+    uintptr_t begin, end;
+    size_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(outs.size());
+  for (size_t i = 0; i < outs.size(); i++) {
+    const at::Tensor& t = outs[i];
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mccl ", op, ": output ", i,
+                " has elements that share memory (shape ", t.sizes(), ", strides ", t.strides(),
+                ", e.g. from expand()); it cannot receive a result");
+    if (t.numel() == 0) continue;
+    int64_t extent = 1;  // elements from the first to the last one, strides being non-negative
+    for (int64_t d = 0; d < t.dim(); d++) extent += (t.size(d) - 1) * t.stride(d);
+    auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    spans.push_back({begin, begin + static_cast<uintptr_t>(extent) * t.element_size(), i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t k = 0; k < spans.size(); k++)
+    for (size_t j = k + 1; j < spans.size() && spans[j].begin < spans[k].end; j++) {
+      at::MemOverlapStatus st = at::get_overlap_status(outs[spans[k].index], outs[spans[j].index]);
+      TORCH_CHECK(st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial, "mccl ", op,
+                  ": outputs ", std::min(spans[k].index, spans[j].index), " and ",
+                  std::max(spans[k].index, spans[j].index),
+                  " share memory (the same tensor twice, or overlapping views); each output must "
+                  "receive its own result");
+    }
 }
 
 int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::milliseconds pg_timeout) {
@@ -489,6 +525,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
                 "mccl all_gather: every output must match the input's dtype ", input.scalar_type(),
                 " and size ", input.numel(), "; got ", o.scalar_type(), " with ", o.numel(), " elements");
   }
+  checkOutputs(outs, "all_gather");
   mcclDataType_t dt = toMcclType(input, "all_gather");
   // Gather into one flat buffer, then copy out (completion pool) before the Future completes.
   at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
@@ -596,6 +633,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); i++)
     TORCH_CHECK(outputs[i].numel() == n * inputs[i].numel(), "mccl allgather_into_tensor_coalesced: output ",
                 i, " has ", outputs[i].numel(), " elements, expected world size x ", inputs[i].numel());
+  checkOutputs(outputs, "allgather_into_tensor_coalesced");
   mcclDataType_t dt = toMcclType(inputs[0], "allgather_into_tensor_coalesced");
   at::Tensor flat_in = flatCat(inputs);
   const int64_t total = flat_in.numel();
@@ -637,6 +675,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
     checkAll(targets, input, "gather");
     for (const auto& t : targets)
       TORCH_CHECK(t.numel() == input.numel(), "mccl gather: every output must have ", input.numel(), " elements");
+    checkOutputs(targets, "gather");
   } else {
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "mccl gather: only the root passes output tensors");
   }
@@ -735,6 +774,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced
                 i, " has ", inputs[i].numel(), " elements, expected world size x ", outputs[i].numel());
     rows.push_back(inputs[i].reshape({n, outputs[i].numel()}));
   }
+  checkOutputs(outputs, "reduce_scatter_tensor_coalesced");
   // Rank-major staging: block p holds every input's row p, so one reduce-scatter serves all.
   at::Tensor staged = at::cat(rows, 1).reshape({-1});
   at::Tensor flat_out = at::empty({staged.numel() / n}, staged.options());
@@ -811,6 +851,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
               "mccl all_to_all: needs world size ", n, " input and output tensors");
   checkAll(inputs, inputs[0], "all_to_all");
   checkAll(outputs, inputs[0], "all_to_all");
+  checkOutputs(outputs, "all_to_all");
   at::Tensor flat_in = flatCat(inputs);
   int64_t out_total = 0;
   std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);

@@ -23,6 +23,7 @@ def _bad_arguments(rank: int, world_size: int) -> None:
     # Each call must fail on the caller's thread, before any byte is sent: the valid all_reduce
     # after each would otherwise see a peer's stray frame (a mismatch) or hang.
     ok = torch.ones(8)
+    base = torch.zeros(3 * world_size)
     cases = [
         (lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), ("unsupported dtype", "Short")),
         (lambda: dist.all_reduce(torch.ones(1).expand(4)), ("share memory", "expand")),
@@ -34,11 +35,20 @@ def _bad_arguments(rank: int, world_size: int) -> None:
         (lambda: dist.all_reduce(torch.ones(4).to_sparse()), ("strided",)),
         (lambda: dist.all_gather([torch.ones(3)] * world_size, torch.ones(4)), ("all_gather", "size")),
         (lambda: dist.all_gather_into_tensor(torch.ones(3), torch.ones(4)), ("expected world size",)),
+        # Outputs of a list collective that share memory would each keep only the last copy.
+        (lambda: dist.all_gather([torch.zeros(3)] * world_size, torch.ones(3)), ("outputs 0 and 1", "share memory")),
+        (lambda: dist.all_gather([base[i:i + 3] for i in range(world_size)], torch.ones(3)),
+         ("outputs 0 and 1", "share memory")),
+        (lambda: dist.all_to_all([torch.zeros(1).expand(2)] * world_size, [torch.ones(2)] * world_size),
+         ("all_to_all: output 0", "share memory")),
     ]
     for call, match in cases:
         _refuses(call, *match)
         dist.all_reduce(ok)
     assert torch.equal(ok, torch.full((8,), float(world_size) ** len(cases)))
+    # Interleaved views share a storage but no element: they are fine.
+    dist.all_gather([base[i::world_size] for i in range(world_size)], torch.full((3,), float(rank)))
+    assert torch.equal(base[:3 * world_size], torch.arange(world_size, dtype=torch.float32).repeat(3)), base
 
 
 def test_bad_arguments_raise_before_sending():
