@@ -1,6 +1,7 @@
 /* param.c: the table of MCCL_* environment parameters and its read-once cache. */
 #include "core/param.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,19 +50,27 @@ static void paramsInit(void) {
     p->raw = getenv(p->name);
     p->value = p->default_value;
     if (p->raw == NULL || p->is_string) continue;
+    /* Decimal only (a leading 0 is not octal), with an optional K/M/G suffix (powers of 1024)
+     * for byte sizes; a value that overflows is refused, not wrapped. */
     char* end = NULL;
-    long long v = strtoll(p->raw, &end, 0);
-    if (end == p->raw) {
-      fprintf(stderr, "MCCL WARN %s=%s is not an integer; using %lld\n", p->name, p->raw,
-              (long long)p->default_value);
+    errno = 0;
+    long long v = strtoll(p->raw, &end, 10);
+    int shift = 0;
+    if (end != p->raw) {
+      if (*end == 'k' || *end == 'K') shift = 10, end++;
+      else if (*end == 'm' || *end == 'M') shift = 20, end++;
+      else if (*end == 'g' || *end == 'G') shift = 30, end++;
+    }
+    if (end == p->raw || *end != '\0') {
+      fprintf(stderr, "MCCL WARN %s=%s is not a decimal integer (with an optional K, M or G suffix); using %lld\n",
+              p->name, p->raw, (long long)p->default_value);
       continue;
     }
-    /* Accept K/M/G suffixes (powers of 1024) for byte sizes. */
-    if (*end == 'k' || *end == 'K') v <<= 10, end++;
-    else if (*end == 'm' || *end == 'M') v <<= 20, end++;
-    else if (*end == 'g' || *end == 'G') v <<= 30, end++;
-    if (*end != '\0' || v < p->min || v > p->max) {
-      fprintf(stderr, "MCCL WARN %s=%s is not an integer in %lld..%lld; using %lld\n", p->name, p->raw,
+    const long long unit = (long long)1 << shift;
+    int overflow = errno == ERANGE || v > INT64_MAX / unit || v < INT64_MIN / unit;
+    if (!overflow) v *= unit;
+    if (overflow || v < p->min || v > p->max) {
+      fprintf(stderr, "MCCL WARN %s=%s is outside %lld..%lld; using %lld\n", p->name, p->raw,
               (long long)p->min, (long long)p->max, (long long)p->default_value);
       continue;
     }
@@ -91,6 +100,7 @@ void mcclParamLogAll(void) {
   pthread_once(&params_once, paramsInit);
   for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
     if (params[i].raw != NULL)
-      mcclLog(MCCL_LOG_INFO, MCCL_SUB_ENV, __FILE__, __LINE__, "%s set by environment to %s",
-              params[i].name, params[i].raw);
+      mcclLog(MCCL_LOG_INFO, MCCL_SUB_ENV, __FILE__, __LINE__,
+              params[i].is_string ? "%s set by environment to %s" : "%s set by environment to %s: using %lld",
+              params[i].name, params[i].raw, (long long)params[i].value);
 }

@@ -1,0 +1,62 @@
+/*
+ * test_param.c: MCCL_* integer parameters (csrc/core/param.c). The table is read once per
+ * process, so every case runs in a child of its own that sets one variable, reads it back and
+ * reports the value through a pipe: decimal with K/M/G suffixes, no octal, no wrap-around, and
+ * the default (with a warning) for anything out of range or unparsable.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/param.h"
+#include "harness.h"
+
+/* The value `name` reads as when the environment holds `raw`; LLONG_MIN if the child failed. */
+static long long readAs(const char* name, const char* raw) {
+  int fds[2];
+  if (pipe(fds) != 0) return LLONG_MIN;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    setenv(name, raw, 1);
+    long long v = (long long)mcclParamInt(name);
+    _exit(write(fds[1], &v, sizeof(v)) == (ssize_t)sizeof(v) ? 0 : 1);
+  }
+  close(fds[1]);
+  long long v = LLONG_MIN;
+  if (pid < 0 || read(fds[0], &v, sizeof(v)) != (ssize_t)sizeof(v)) v = LLONG_MIN;
+  close(fds[0]);
+  int status = 0;
+  if (pid > 0) waitpid(pid, &status, 0);
+  return v;
+}
+
+static void expectValue(const char* name, const char* raw, long long want) {
+  long long got = readAs(name, raw);
+  EXPECT(got == want, "%s=%s reads as %lld, expected %lld", name, raw, got, want);
+}
+
+int main(void) {
+  const long long seg_default = 256 * 1024, depth_default = 4;
+  expectValue("MCCL_SEGMENT_BYTES", "65536", 65536);
+  expectValue("MCCL_SEGMENT_BYTES", "64K", 65536);
+  expectValue("MCCL_SEGMENT_BYTES", "1m", 1 << 20);
+  expectValue("MCCL_SEGMENT_BYTES", "1G", 1 << 30);
+  expectValue("MCCL_PIPELINE_DEPTH", "010", 10);       /* decimal, not octal 8 */
+  expectValue("MCCL_PIPELINE_DEPTH", "0x10", depth_default); /* not hexadecimal either */
+  expectValue("MCCL_PIPELINE_DEPTH", "8 ", depth_default);   /* trailing junk */
+  expectValue("MCCL_PIPELINE_DEPTH", "", depth_default);
+  expectValue("MCCL_PIPELINE_DEPTH", "65", depth_default);   /* above 64 */
+  expectValue("MCCL_SEGMENT_BYTES", "2G", seg_default);      /* above 1 GiB */
+  /* 17179869185 x 2^30 wraps to 2^30 in 64 bits: refused, not wrapped into range. */
+  expectValue("MCCL_SEGMENT_BYTES", "17179869185G", seg_default);
+  expectValue("MCCL_SEGMENT_BYTES", "99999999999999999999", seg_default); /* beyond int64 */
+  expectValue("MCCL_SEND_THREAD", "-1", -1);
+  expectValue("MCCL_SEND_THREAD", "2", -1);
+  expectValue("MCCL_SEND_THREAD", "yes", -1);
+  expectValue("MCCL_RING_THRESHOLD", "0", 0);
+  return harnessExit("test_param");
+}
