@@ -62,6 +62,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
+try:
+    from . import _cli
+except ImportError:  # run as a script (nsexec and the goodput helpers): this folder is on sys.path
+    import _cli  # type: ignore[no-redef]
+
 PREFIX = "mccl-"
 DEFAULT_ID = "c0"
 DEFAULT_SUBNET = "198.18.0.0/24"
@@ -188,13 +193,21 @@ class ClusterSpec:
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        if not _ID_RE.match(self.id):
-            raise ClusterError(f"cluster id {self.id!r} must be 1-4 lowercase letters or digits "
-                               f"(interface names are limited to 15 characters)")
-        net = ipaddress.ip_network(self.subnet)
-        if not 1 <= self.hosts <= min(999, net.num_addresses - 2):
-            raise ClusterError(f"--hosts {self.hosts}: must be 1 to {min(999, net.num_addresses - 2)} for {self.subnet}")
-        parse_rate(self.rate)
+        check_id(self.id)
+        try:
+            net = ipaddress.ip_network(self.subnet)
+        except ValueError as exc:
+            raise ClusterError(f"--subnet {self.subnet}: {exc}") from None
+        room = min(999, net.num_addresses - 2)
+        if room < 1:
+            raise ClusterError(f"--subnet {self.subnet} has no address for a host (a /30 or wider has)")
+        if not 1 <= self.hosts <= room:
+            raise ClusterError(f"--hosts {self.hosts}: must be 1 to {room} for {self.subnet}")
+        try:
+            if parse_rate(self.rate) <= 0:
+                raise ValueError("a link needs a rate above 0")
+        except ValueError as exc:
+            raise ClusterError(f"--rate {self.rate}: {exc}") from None
         if self.cpus_per_host < 0:
             raise ClusterError(f"--cpus-per-host {self.cpus_per_host}: must be 0 (no pinning) or more")
 
@@ -254,8 +267,17 @@ class ClusterSpec:
         return f"{max(64 * 1024, int(self.rate_bits / 8 / 1000))}b"
 
 
+def check_id(cluster_id: str) -> str:
+    """``cluster_id`` if it is a valid id (1-4 of [a-z0-9]), else ClusterError. Every command
+    checks it: an id becomes interface names, and a path under STATE_DIR that ``down`` removes."""
+    if not isinstance(cluster_id, str) or not _ID_RE.match(cluster_id):
+        raise ClusterError(f"cluster id {cluster_id!r} must be 1-4 lowercase letters or digits "
+                           f"(interface names are limited to 15 characters)")
+    return cluster_id
+
+
 def state_path(cluster_id: str) -> str:
-    return os.path.join(STATE_DIR, f"{cluster_id}.json")
+    return os.path.join(STATE_DIR, f"{check_id(cluster_id)}.json")
 
 
 def load_spec(cluster_id: str = DEFAULT_ID) -> ClusterSpec:
@@ -266,7 +288,14 @@ def load_spec(cluster_id: str = DEFAULT_ID) -> ClusterSpec:
     except FileNotFoundError:
         raise ClusterError(f"cluster '{cluster_id}' is not up (no {state_path(cluster_id)}); "
                            f"bring it up with: python -m mccl.cluster up --id {cluster_id} --hosts N --rate R") from None
-    spec = ClusterSpec(**data)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ClusterError(f"cluster '{cluster_id}': cannot read {state_path(cluster_id)} ({exc}); "
+                           f"python -m mccl.cluster down --id {cluster_id} removes it") from None
+    try:
+        spec = ClusterSpec(**data)
+    except (TypeError, ClusterError) as exc:
+        raise ClusterError(f"cluster '{cluster_id}': {state_path(cluster_id)} does not describe a cluster of this "
+                           f"version ({exc}); python -m mccl.cluster down --id {cluster_id} removes it") from None
     missing = [spec.netns(i) for i in range(spec.hosts) if not os.path.exists(os.path.join(NETNS_DIR, spec.netns(i)))]
     if missing:
         raise ClusterError(f"cluster '{cluster_id}' is incomplete (missing {', '.join(missing)}): run "
@@ -382,6 +411,8 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     in those namespaces. Idempotent: returns what it removed (nothing when nothing was there).
     ``cluster_id=None`` removes every cluster this tool's naming pattern matches."""
     require_root("down")
+    if cluster_id is not None:
+        check_id(cluster_id)  # an empty id would match every cluster, a path files elsewhere
     sh = Shell(iproute_dir, verbose)
     pat = _name_pattern(cluster_id)
     removed = []
@@ -395,7 +426,8 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     for link in [n for n in _link_names(sh) if pat.match(n)]:
         if sh.ip_("link", "del", link, check=False).returncode == 0:
             removed.append(link)
-    ids = [cluster_id] if cluster_id else [f[:-5] for f in _listdir(STATE_DIR) if f.endswith(".json")]
+    ids = [cluster_id] if cluster_id else [f[:-5] for f in _listdir(STATE_DIR)
+                                           if f.endswith(".json") and _ID_RE.match(f[:-5])]
     for cid in ids:
         for path in (state_path(cid), state_path(cid) + ".tmp"):
             if os.path.exists(path):
@@ -480,7 +512,10 @@ def cleanup_on_signals(cleanup: Callable[[], object]) -> Iterator[None]:
 def enter_netns(ns: str) -> None:
     """Move the calling thread (the process, when single-threaded) into network namespace ``ns``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(os.path.join(NETNS_DIR, ns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd = os.open(os.path.join(NETNS_DIR, ns), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ClusterError(f"network namespace {ns!r}: {exc.strerror} (is the cluster up?)") from None
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
@@ -784,6 +819,9 @@ def check_connectivity(spec: ClusterSpec, timeout: float = 10.0) -> None:
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
                    for i in range(1, spec.hosts)]
         bad = [i + 1 for i, c in enumerate(clients) if c.wait(timeout=timeout + 10) != 0]
+        if bad and server.poll() not in (None, 0):  # the check itself broke, not the network
+            raise ClusterError(f"the connectivity check's listener in host 0 failed: "
+                               f"{server.stderr.read().strip()[-500:]}")
         if bad:
             hint = ""
             if _read("/proc/sys/net/bridge/bridge-nf-call-iptables") == "1":
@@ -806,6 +844,31 @@ def _read(path: str) -> str | None:
 # Command line
 # ---------------------------------------------------------------------------------------------
 
+def _arg_id(text: str) -> str:
+    try:
+        return check_id(text)
+    except ClusterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cpu_list(text: str) -> list[int]:
+    """``0,3,5`` as CPU numbers; ClusterError for anything else (empty items, negatives, junk)."""
+    try:
+        cpus = [int(c) for c in text.split(",")]
+    except ValueError:
+        cpus = []
+    if not cpus or min(cpus) < 0:
+        raise ClusterError(f"--cpus {text!r}: expected CPU numbers separated by commas, e.g. 0,1")
+    return cpus
+
+
+def _program(cmd: list[str]) -> list[str]:
+    """``cmd`` if its program can be run from here, else ClusterError naming it."""
+    if shutil.which(cmd[0]) is None:
+        raise ClusterError(f"{cmd[0]}: command not found (or not executable)")
+    return cmd
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mccl.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
@@ -822,11 +885,12 @@ def _parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     def with_id(sp):
-        sp.add_argument("--id", default=DEFAULT_ID, help="cluster id (1-4 of [a-z0-9]); names are mccl-<id>-*")
+        sp.add_argument("--id", type=_arg_id, default=DEFAULT_ID,
+                        help="cluster id (1-4 of [a-z0-9]); names are mccl-<id>-*")
         return sp
 
     sp = with_id(sub.add_parser("up", help="bring a cluster up", formatter_class=fmt))
-    sp.add_argument("--hosts", type=int, default=2, help="number of hosts (namespaces)")
+    sp.add_argument("--hosts", type=_cli.int_at_least(1), default=2, help="number of hosts (namespaces)")
     sp.add_argument("--rate", default="1gbit", help="tbf rate of every link, each way (tc units: 500mbit, 2gbit)")
     sp.add_argument("--mtu", type=int, default=9000, help="MTU of every veth and the bridge")
     sp.add_argument("--burst", default="auto",
@@ -840,17 +904,18 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("down", help="remove a cluster (idempotent; works after a crash)", formatter_class=fmt)
     g = sp.add_mutually_exclusive_group()
-    g.add_argument("--id", default=DEFAULT_ID, help="cluster id")
+    g.add_argument("--id", type=_arg_id, default=DEFAULT_ID, help="cluster id")
     g.add_argument("--all", action="store_true", help="remove every cluster named mccl-<id>-{h<i>,v<i>,br}")
 
     sp = sub.add_parser("status", help="list clusters, hosts, addresses, qdiscs", formatter_class=fmt)
-    sp.add_argument("--id", default=None, help="one cluster id (default: all)")
+    sp.add_argument("--id", type=_arg_id, default=None, help="one cluster id (default: all)")
 
     sp = with_id(sub.add_parser("run", help="run CMD once per rank inside the hosts", formatter_class=fmt))
-    sp.add_argument("--nproc", type=int, default=None, help="world size (default: hosts x nproc-per-host)")
-    sp.add_argument("--nproc-per-host", type=int, default=1, help="ranks per host")
+    sp.add_argument("--nproc", type=_cli.int_at_least(1), default=None, help="world size (default: hosts x nproc-per-host)")
+    sp.add_argument("--nproc-per-host", type=_cli.int_at_least(1), default=1, help="ranks per host")
     sp.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="MASTER_PORT (host 0)")
-    sp.add_argument("--timeout", type=float, default=3600, help="kill every rank after this many seconds")
+    sp.add_argument("--timeout", type=_cli.number_at_least(0, what="number of seconds"), default=3600,
+                    help="kill every rank after this many seconds (0: no deadline)")
     sp.add_argument("--tag-rank0", action="store_true", help="prefix rank 0's lines with [rank 0] too")
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -861,7 +926,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = with_id(sub.add_parser("goodput", help="single-stream TCP goodput between two hosts", formatter_class=fmt))
     sp.add_argument("--server", type=int, default=0, help="receiving host")
     sp.add_argument("--client", type=int, default=1, help="sending host")
-    sp.add_argument("--seconds", type=float, default=5.0, help="measurement length (the first second is omitted)")
+    sp.add_argument("--seconds", type=_cli.number_at_least(1, what="number of seconds"), default=5.0,
+                    help="measurement length, at least 1 (the first second is omitted: slow start and tbf's burst)")
     sp.add_argument("--tool", default="auto", choices=["auto", "iperf3", "python"],
                     help="iperf3 when installed (auto), or the Python socket fallback")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -875,13 +941,25 @@ def _internal(argv: list[str]) -> int:
     TIMEOUT`` and ``_connect ADDR PORT TIMEOUT`` (connectivity check)."""
     cmd, rest = argv[0], argv[1:]
     if cmd == "nsexec":
+        if not rest or rest[0].startswith("-"):
+            raise ClusterError("usage: nsexec NAMESPACE [--cpus LIST] -- COMMAND...")
         ns, rest = rest[0], rest[1:]
         if rest[:1] == ["--cpus"]:
-            os.sched_setaffinity(0, [int(c) for c in rest[1].split(",")])  # exec keeps it
+            if len(rest) < 2:
+                raise ClusterError("nsexec --cpus: expected CPU numbers separated by commas, e.g. 0,1")
+            cpus = cpu_list(rest[1])
+            try:
+                os.sched_setaffinity(0, cpus)  # exec keeps it
+            except OSError as exc:
+                raise ClusterError(f"--cpus {rest[1]}: {exc.strerror} (this machine's CPUs: "
+                                   f"{','.join(map(str, sorted(os.sched_getaffinity(0))))})") from None
             rest = rest[2:]
-        command = _command(rest)
+        command = _program(_command(rest))
         enter_netns(ns)
-        os.execvp(command[0], command)
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            raise ClusterError(f"{command[0]}: {exc.strerror}") from None
     addr, port = rest[0], int(rest[1])
     if cmd == "_sink":
         with socket.create_server((addr, port)) as ls:
@@ -934,20 +1012,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "run":
             require_root("run")
             spec = load_spec(args.id)
-            world = args.nproc or spec.hosts * args.nproc_per_host
-            return launch(_command(args.command), world, spec=spec, nproc_per_host=args.nproc_per_host,
+            world = args.nproc if args.nproc is not None else spec.hosts * args.nproc_per_host
+            return launch(_program(_command(args.command)), world, spec=spec, nproc_per_host=args.nproc_per_host,
                           timeout=args.timeout, tag_rank0=args.tag_rank0, master_port=args.master_port)
         elif args.cmd == "exec":
             require_root("exec")
             spec = load_spec(args.id)
             if not 0 <= args.host < spec.hosts:
                 raise ClusterError(f"--host {args.host}: cluster '{spec.id}' has hosts 0..{spec.hosts - 1}")
-            cmd = _command(args.command)
+            cmd = _program(_command(args.command))
             cpus = spec.cpus(args.host)
             if cpus:
                 os.sched_setaffinity(0, cpus)
             enter_netns(spec.netns(args.host))
-            os.execvp(cmd[0], cmd)
+            try:
+                os.execvp(cmd[0], cmd)
+            except OSError as exc:
+                raise ClusterError(f"{cmd[0]}: {exc.strerror}") from None
         elif args.cmd == "goodput":
             require_root("goodput")
             spec = load_spec(args.id)

@@ -229,3 +229,47 @@ def test_python_goodput_reports_rate_and_both_ends_cpu():
     assert got["bits"] > 1e8, got
     # Moving hundreds of MB costs each end CPU time; one thread cannot use more than one core.
     assert 0 < got["cpu"] <= 101 and 0 < sender_cpu <= 101, (got, sender_cpu)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["down", "--id", ""], "must be 1-4 lowercase letters or digits"),  # '' would match every cluster
+    (["down", "--id", "../../tmp/x"], "must be 1-4 lowercase letters or digits"),
+    (["status", "--id", "BAD"], "must be 1-4 lowercase letters or digits"),
+    (["run", "--nproc", "0", "--", "true"], "--nproc: 0: must be 1 or more"),
+    (["run", "--nproc-per-host", "0", "--", "true"], "--nproc-per-host: 0: must be 1 or more"),
+    (["goodput", "--seconds", "nan"], "must be a finite number of seconds, at least 1"),
+    (["goodput", "--seconds", "0.01"], "must be a finite number of seconds, at least 1"),
+    (["up", "--id", "z9", "--rate", "garbage"], "--rate garbage: cannot parse rate"),
+    (["up", "--id", "z9", "--subnet", "10.0.0.0/31"], "has no address for a host"),
+    (["up", "--id", "z9", "--subnet", "garbage"], "--subnet garbage"),
+    (["nsexec"], "usage: nsexec NAMESPACE"),
+    (["nsexec", "mccl-zz-h0", "--cpus", "0,,1", "--", "true"], "expected CPU numbers separated by commas"),
+    (["nsexec", "mccl-zz-h0", "--cpus", "-1", "--", "true"], "expected CPU numbers separated by commas"),
+    (["nsexec", "mccl-zz-h0", "--", "/nonexistent-program"], "/nonexistent-program: command not found"),
+])
+def test_bad_arguments_get_one_line_errors(args, says):
+    """Every bad argument: exit status 2 and a message naming it, no traceback, nothing created."""
+    before = all_mccl_names() if os.geteuid() == 0 else set()
+    proc = tool(*args, check=False, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    if os.geteuid() == 0:
+        assert all_mccl_names() == before
+
+
+@needs_root
+def test_down_and_status_survive_a_bad_state_file():
+    """A state file that does not parse is reported by status and removed by down --id; an empty
+    id removes nothing."""
+    os.makedirs(cluster.STATE_DIR, exist_ok=True)
+    path = cluster.state_path("zq7")
+    with open(path, "w") as f:
+        f.write("{garbage")
+    try:
+        assert tool("down", "--id", "", check=False).returncode == 2 and os.path.exists(path)
+        out = tool("status").stdout
+        assert "cluster zq7: " in out and "cannot read" in out and "down --id zq7 removes it" in out, out
+        assert tool("run", "--id", "zq7", "--", "true", check=False).returncode == 2
+        assert path in tool("down", "--id", "zq7").stdout and not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
