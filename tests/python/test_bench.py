@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mccl.bench import collectives as C
+from mccl.bench.__main__ import build_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
@@ -40,11 +41,43 @@ def test_busbw_factors_are_nccl_tests():
 
 def test_sizes_and_iterations():
     assert C.parse_size("1K") == 1024 and C.parse_size("256M") == 256 << 20 and C.parse_size("4096") == 4096
-    args = C.argparse.Namespace(sizes=None, minbytes="1K", maxbytes="256M", stepfactor=2)
+    args = build_parser("collectives").parse_args([])
     sizes = C.size_list(args)
     assert sizes[0] == 1024 and sizes[-1] == 256 << 20 and len(sizes) == 19
-    it = C.argparse.Namespace(iters=None, bytes_per_size="1G", min_iters=5, max_iters=200)
-    assert C.iterations(it, 1024) == 200 and C.iterations(it, 256 << 20) == 5
+    assert C.iterations(args, 1024) == 200 and C.iterations(args, 256 << 20) == 5
+    assert C.size_list(build_parser("collectives").parse_args(["--sizes", "1,3,64K"])) == [1, 3, 65536]
+
+
+@pytest.mark.parametrize("command, args, says", [
+    ("collectives", ["--sizes", "4x"], "size '4x'"),
+    ("collectives", ["--sizes", "-4"], "at least 1 byte"),
+    ("collectives", ["--sizes", ""], "give one or more sizes"),
+    ("collectives", ["-n", "0"], "-n/--iters: 0: must be 1 or more"),
+    ("collectives", ["--min-iters", "0"], "must be 1 or more"),
+    ("collectives", ["-f", "1"], "must be 2 or more"),
+    ("collectives", ["--goodput", "abc"], "cannot parse rate 'abc'"),
+    ("collectives", ["--goodput", "0gbit"], "above 0"),
+    ("collectives", ["--threads", "0"], "must be 1 or more"),
+    ("collectives", ["--nproc", "-1"], "must be 1 or more"),
+    ("overlap", ["--steps", "0"], "must be 1 or more"),
+    ("overlap", ["--buckets", "0"], "must be 1 or more"),
+    ("overlap", ["--bucket-mb", "0"], "above 0"),
+    ("overlap", ["--compute-ms", "-5"], "above 0"),
+    ("overlap", ["--matmul", "0"], "must be 1 or more"),
+    ("overlap", ["--warmup-steps", "-1"], "must be 0 or more"),
+    ("throughput", ["--batch", "0"], "must be 1 or more"),
+])
+def test_bad_arguments_are_refused_when_parsed(command, args, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(command).parse_args(args)
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_unknown_backend_is_named_before_any_rank_starts():
+    rc, out = bench("--nproc", "2", "--backends", "mccl,foo", "--sizes", "1K")
+    assert rc != 0 and "foo is not a torch.distributed backend here" in out and "Traceback" not in out, out[-3000:]
+    assert "[rank" not in out, out[-3000:]  # refused by the driver: no rank ran
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.uint8])

@@ -33,11 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else "collectives"
     rest = argv[1:] if argv and argv[0] == command else argv
-    args = build_parser(command).parse_args(rest)
+    parser = build_parser(command)
+    args = parser.parse_args(rest)
+    if getattr(args, "max_iters", 1) < getattr(args, "min_iters", 1):
+        parser.error(f"--max-iters {args.max_iters} is below --min-iters {args.min_iters}")
     module = COMMANDS[command]
     try:
         if runtime.rank_mode():
             return module.main(args)
+        runtime.split_backends(args.backends)  # an unknown name fails here, before any rank starts
         if hasattr(module, "drive"):
             return module.drive(args, argv)
         try:

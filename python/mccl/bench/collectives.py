@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .. import _cli
 from . import report, runtime
 
 KIB = 1024
@@ -162,18 +163,32 @@ def check_pass(coll: Collective, group, inp, out, rank, n, count, root, redop: s
 
 
 def parse_size(text: str) -> int:
-    """``1K``, ``256M``, ``1G`` (powers of 1024) or plain bytes."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": KIB, "M": KIB ** 2, "G": KIB ** 3}.get(text[-1:], 1)
-    return int(float(text[:-1] if mult > 1 else text) * mult)
+    """``1K``, ``256M``, ``1G`` (powers of 1024) or plain bytes: at least 1. Raises
+    argparse.ArgumentTypeError (a ValueError) naming the text otherwise."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KIB, "M": KIB ** 2, "G": KIB ** 3}.get(t[-1:], 1)
+    try:
+        size = int(float(t[:-1] if mult > 1 else t) * mult)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"size {text!r}: expected bytes such as 4096, 64K, 256M, 1G") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r}: must be at least 1 byte")
+    return size
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated sizes (see :func:`parse_size`), at least one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--sizes: give one or more sizes, e.g. 1K,1M,64M")
+    return [parse_size(s) for s in text.split(",")]
 
 
 def size_list(args) -> list[int]:
     if args.sizes:
-        return [parse_size(s) for s in args.sizes.split(",")]
-    lo, hi, f = parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor
-    if lo <= 0 or hi < lo or f < 2:
-        raise SystemExit("need 0 < --minbytes <= --maxbytes and --stepfactor >= 2")
+        return args.sizes
+    lo, hi, f = args.minbytes, args.maxbytes, args.stepfactor
+    if hi < lo:
+        raise SystemExit("need --minbytes <= --maxbytes")
     sizes = []
     s = lo
     while s <= hi:
@@ -186,28 +201,29 @@ def iterations(args, size: int) -> int:
     """``--iters`` when given, else enough to move ``--bytes-per-size`` bytes, clamped."""
     if args.iters:
         return args.iters
-    return max(args.min_iters, min(args.max_iters, int(parse_size(args.bytes_per_size) // max(size, 1))))
+    return max(args.min_iters, min(args.max_iters, int(args.bytes_per_size // max(size, 1))))
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to measure")
     g.add_argument("--ops", default=",".join(COLLECTIVES),
                    help="comma-separated collectives (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all)")
-    g.add_argument("-b", "--minbytes", default="1K", help="smallest size S (bytes; K, M, G suffixes)")
-    g.add_argument("-e", "--maxbytes", default="256M", help="largest size S")
-    g.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this each step")
-    g.add_argument("--sizes", default=None, help="explicit comma-separated sizes, instead of -b/-e/-f")
+    g.add_argument("-b", "--minbytes", type=parse_size, default="1K", help="smallest size S (bytes; K, M, G suffixes)")
+    g.add_argument("-e", "--maxbytes", type=parse_size, default="256M", help="largest size S")
+    g.add_argument("-f", "--stepfactor", type=_cli.int_at_least(2), default=2, help="multiply the size by this each step")
+    g.add_argument("--sizes", type=parse_sizes, default=None, help="explicit comma-separated sizes, instead of -b/-e/-f")
     g.add_argument("--dtype", default="float32", choices=list(DTYPES), help="element type")
     g.add_argument("--op", dest="redop", default="sum", choices=list(REDOPS), help="reduction of all_reduce/reduce_scatter")
     g.add_argument("--root", type=int, default=0, help="broadcast root")
     g = p.add_argument_group("iterations")
-    g.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations before timing")
-    g.add_argument("-n", "--iters", type=int, default=None,
+    g.add_argument("-w", "--warmup", type=_cli.int_at_least(0), default=3, help="untimed iterations before timing")
+    g.add_argument("-n", "--iters", type=_cli.int_at_least(1), default=None,
                    help="timed iterations per size (default: scaled by size, see --bytes-per-size)")
-    g.add_argument("--bytes-per-size", default="1G", help="scaled iterations move about this many bytes of S")
-    g.add_argument("--min-iters", type=int, default=5, help="scaled iterations: at least this many")
-    g.add_argument("--max-iters", type=int, default=200, help="scaled iterations: at most this many")
-    g.add_argument("--skew-ms", type=float, default=0.0,
+    g.add_argument("--bytes-per-size", type=parse_size, default="1G",
+                   help="scaled iterations move about this many bytes of S")
+    g.add_argument("--min-iters", type=_cli.int_at_least(1), default=5, help="scaled iterations: at least this many")
+    g.add_argument("--max-iters", type=_cli.int_at_least(1), default=200, help="scaled iterations: at most this many")
+    g.add_argument("--skew-ms", type=_cli.number_at_least(0, what="number of ms"), default=0.0,
                    help="delay --skew-rank by a random 0..N ms before every iteration (parking/credits test)")
     g.add_argument("--skew-rank", type=int, default=-1, help="the delayed rank (-1: the last)")
     g = p.add_argument_group("output (rank 0)")
@@ -236,8 +252,11 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
     row = {"op": coll.name, "backend": backend, "size": count * esize, "count": count, "type": args.dtype,
            "redop": args.redop if coll.reduces else "none", "root": args.root if coll.rooted else -1,
            "nranks": n}
-    if count == 0:
-        row["error"] = f"size {size} B holds fewer than {n} elements of {args.dtype}"
+    if count == 0:  # the requested size stays in the row, so that two such sizes stay apart
+        row["size"] = size
+        row["error"] = (f"size {size} B holds fewer than {n} elements of {args.dtype} ({esize} B each): "
+                        f"{coll.name} needs one per rank" if coll.split else
+                        f"size {size} B holds no element of {args.dtype} ({esize} B each)")
         return row
     n_in, n_out = coll.shapes(count, n)
     iters = iterations(args, row["size"])

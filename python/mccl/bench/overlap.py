@@ -32,6 +32,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .. import _cli
 from . import runtime
 
 MODES = ("compute", "comm", "overlap", "serial")
@@ -39,13 +40,17 @@ MODES = ("compute", "comm", "overlap", "serial")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("synthetic step")
-    g.add_argument("--buckets", type=int, default=18, help="gradient buckets per step (the paper's ViT: 18)")
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size in MiB (memory: buckets x this per rank)")
-    g.add_argument("--compute-ms", type=float, default=60.0, help="compute per bucket, in ms (calibrated on rank 0)")
-    g.add_argument("--matmul", type=int, default=256, help="side of the square matrices the compute multiplies")
+    g.add_argument("--buckets", type=_cli.int_at_least(1), default=18,
+                   help="gradient buckets per step (the paper's ViT: 18)")
+    g.add_argument("--bucket-mb", type=_cli.number_at_least(0, above=True, what="size in MiB"), default=25.0,
+                   help="bucket size in MiB (memory: buckets x this per rank)")
+    g.add_argument("--compute-ms", type=_cli.number_at_least(0, above=True, what="number of ms"), default=60.0,
+                   help="compute per bucket, in ms (calibrated on rank 0)")
+    g.add_argument("--matmul", type=_cli.int_at_least(1), default=256,
+                   help="side of the square matrices the compute multiplies")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the compute runs")
-    g.add_argument("--steps", type=int, default=5, help="timed steps per mode")
-    g.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per mode first")
+    g.add_argument("--steps", type=_cli.int_at_least(1), default=5, help="timed steps per mode")
+    g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=1, help="untimed steps per mode first")
     g.add_argument("--json", default=None, help="write the results and metadata to this file (rank 0)")
     g.add_argument("--plot", default=None, help="write a PNG bar chart like the paper's Fig. 3 right (rank 0)")
 
@@ -133,7 +138,7 @@ def run_mode(mode: str, step: Step, group, t0: float) -> float:
     return 0.0
 
 
-def summarize(times: dict, parts: list[tuple[float, float]]) -> dict:
+def summarize(times: dict, parts: list[tuple[float, float]], world: int = 2) -> dict:
     """``parts``: per overlapped step, when the first and the last rank finished backward
     (seconds from the step's start, from :func:`run_mode`).
 
@@ -147,7 +152,8 @@ def summarize(times: dict, parts: list[tuple[float, float]]) -> dict:
     within about a millisecond of each other, so small tails are uncertain by that much."""
     med = {m: statistics.median(times[m]) for m in MODES}
     comm = med["comm"]
-    hidden = 100 * (med["compute"] + comm - med["overlap"]) / comm if comm > 0 else None
+    # One rank communicates nothing: its "comm" is the call overhead, and a share of it is noise.
+    hidden = 100 * (med["compute"] + comm - med["overlap"]) / comm if comm > 0 and world > 1 else None
     k = times["overlap"].index(statistics.median_low(times["overlap"]))
     first, last = parts[k]
     return {"median_s": med, "mean_s": {m: statistics.fmean(times[m]) for m in MODES}, "steps_s": times,
@@ -188,11 +194,11 @@ def main(args) -> int:
                     times[mode].append(max(e for e, _ in got))
                     if mode == "overlap":
                         parts.append((min(b for _, b in got), max(b for _, b in got)))
-        results[backend] = summarize(times, parts)
+        results[backend] = summarize(times, parts, groups.world)
         if rank0:
             r = results[backend]
             print(f"# {backend}: " + ", ".join(f"{m} {r['median_s'][m] * 1e3:.1f} ms" for m in MODES)
-                  + f"; hidden {r['hidden_pct']:.1f}%", flush=True)
+                  + ("; hidden -" if r["hidden_pct"] is None else f"; hidden {r['hidden_pct']:.1f}%"), flush=True)
     if rank0:
         print_table(results, groups.world)
         if args.json:
@@ -223,6 +229,14 @@ def print_table(results: dict, world: int) -> None:
     console().print(t)
     console().print("# hidden = (compute + comm - overlapped) / comm (negative: the overlapped step took longer than "
                     "compute and communication one after the other); overhead = (overlapped - compute) / compute")
+    for b, r in results.items():
+        med = r["median_s"]
+        if r["hidden_pct"] is None:
+            console().print(f"# {b}: hidden % is '-': one rank has nothing to communicate")
+        elif med["comm"] < 0.1 * med["compute"]:
+            console().print(f"# WARNING {b}: communication ({med['comm'] * 1e3:.1f} ms) is under a tenth of the "
+                            f"compute ({med['compute'] * 1e3:.1f} ms): the compute's step-to-step noise decides "
+                            f"hidden %; use more or larger buckets")
     console().print("# split of the overlapped step of median time: backward done = when the last rank finished its "
                     "compute; rank skew = how much earlier the first rank did; tail = that step's time - backward "
                     "done (communication left once every rank had issued its last bucket; ideally about one "

@@ -28,7 +28,7 @@ from datetime import timedelta
 
 import psutil
 
-from .. import cluster
+from .. import _cli, cluster
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Thread names (``/proc/<pid>/task/<tid>/comm``) of each backend's progress threads: libmccl's
@@ -48,23 +48,35 @@ def rank_mode() -> bool:
 def add_launch_args(p: argparse.ArgumentParser) -> None:
     """Options every benchmark command has: backends, where the ranks run, deadlines, threads."""
     g = p.add_argument_group("ranks (driver mode: without RANK/WORLD_SIZE in the environment)")
-    g.add_argument("--nproc", type=int, default=None,
+    g.add_argument("--nproc", type=_cli.int_at_least(1), default=None,
                    help="ranks to start: default 2 on this machine, or one per host with --cluster")
     g.add_argument("--cluster", metavar="ID", default=None,
                    help="start the ranks in emulated cluster ID (python -m mccl.cluster up; needs root), "
                         "rank i in host i")
-    g.add_argument("--deadline", type=float, default=3600.0,
-                   help="seconds after which every rank is killed and the run fails")
+    g.add_argument("--deadline", type=_cli.number_at_least(0, what="number of seconds"), default=3600.0,
+                   help="seconds after which every rank is killed and the run fails (0: no deadline)")
     p.add_argument("--backends", default="mccl,gloo",
                    help="comma-separated torch.distributed backends, measured in the same processes")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
-    p.add_argument("--pg-timeout", type=float, default=600.0, help="process-group timeout (s)")
+    p.add_argument("--threads", type=_cli.int_at_least(1), default=1, help="torch intra-op threads per rank")
+    p.add_argument("--pg-timeout", type=_cli.number_at_least(0, above=True, what="number of seconds"),
+                   default=600.0, help="process-group timeout (s)")
 
 
 def split_backends(text: str) -> list[str]:
+    """The backends of ``--backends``; SystemExit naming the problem when one is not a backend of
+    this torch (mccl counts once importable) or a name repeats."""
+    import torch.distributed as dist
+
     backends = [b.strip() for b in text.split(",") if b.strip()]
     if not backends or len(set(backends)) != len(backends):
         raise SystemExit(f"--backends {text!r}: give one or more distinct backend names, e.g. mccl,gloo")
+    if "mccl" in backends:
+        import mccl  # noqa: F401  (registers the backend)
+    known = [b for b in dist.Backend.backend_list if b != "undefined"]
+    unknown = [b for b in backends if b not in known]
+    if unknown:
+        raise SystemExit(f"--backends: {', '.join(unknown)} is not a torch.distributed backend here; "
+                         f"known: {', '.join(known)}")
     return backends
 
 
@@ -315,6 +327,17 @@ def measure_goodput_in_run(groups: Groups, seconds: float, tool: str = "auto") -
             "how": f"measured in this run, rank 1 -> rank 0 ({addr}), one TCP stream, {seconds:g} s, {tool}"}
 
 
+def goodput_arg(text: str) -> str:
+    """argparse type of ``--goodput``: none, measure, or a rate above zero."""
+    if text not in ("none", "measure"):
+        try:
+            if cluster.parse_rate(text) <= 0:
+                raise ValueError("a goodput must be above 0")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (or give 'measure' or 'none')") from None
+    return text
+
+
 def resolve_goodput(args, groups: Groups) -> dict | None:
     """The goodput of this run (same on every rank), or None: given, measured by the driver with
     the cluster tool (passed in MCCL_BENCH_GOODPUT/_HOW), or measured here by ranks 0 and 1."""
@@ -331,11 +354,12 @@ def resolve_goodput(args, groups: Groups) -> dict | None:
 
 def add_goodput_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("goodput (the ceiling busbw is compared with)")
-    g.add_argument("--goodput", default=None,
+    g.add_argument("--goodput", type=goodput_arg, default=None,
                    help="'measure' (single TCP stream rank 1 -> rank 0 before the benchmark; with --cluster "
                         "the cluster tool measures host 1 -> host 0), a rate in tc units such as 1.91gbit "
                         "(bits) or 0.238gbps (bytes), or 'none'; default $MCCL_BENCH_GOODPUT or none")
-    g.add_argument("--goodput-seconds", type=float, default=5.0, help="length of the goodput measurement")
+    g.add_argument("--goodput-seconds", type=_cli.number_at_least(0, above=True, what="number of seconds"),
+                   default=5.0, help="length of the goodput measurement")
     g.add_argument("--goodput-tool", default="auto", choices=["auto", "iperf3", "python"],
                    help="iperf3 when installed (auto) or Python sockets")
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import _cli
 from . import runtime
 
 
@@ -38,12 +39,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--world-sizes", default=None,
                    help="driver mode: comma-separated world sizes (default 1, 2, 4, ... up to --nproc, and --nproc)")
     g.add_argument("--model", default="mlp", choices=["mlp", "convnet"], help="model to train")
-    g.add_argument("--width", type=int, default=2048, help="mlp: layer width; convnet: base channels x 64/64")
-    g.add_argument("--depth", type=int, default=4, help="mlp: number of linear layers")
-    g.add_argument("--batch", type=int, default=32, help="samples per rank per step")
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
-    g.add_argument("--steps", type=int, default=10, help="timed steps per backend")
-    g.add_argument("--warmup-steps", type=int, default=3, help="untimed steps per backend first")
+    g.add_argument("--width", type=_cli.int_at_least(1), default=2048,
+                   help="mlp: layer width; convnet: base channels x 64/64")
+    g.add_argument("--depth", type=_cli.int_at_least(1), default=4, help="mlp: number of linear layers")
+    g.add_argument("--batch", type=_cli.int_at_least(1), default=32, help="samples per rank per step")
+    g.add_argument("--bucket-mb", type=_cli.number_at_least(0, above=True, what="size in MiB"), default=25.0,
+                   help="DDP bucket_cap_mb")
+    g.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="timed steps per backend")
+    g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=3, help="untimed steps per backend first")
     g.add_argument("--json", default=None, help="write all results and metadata to this file")
     g.add_argument("--plot", default=None, help="write a PNG of samples/s vs ranks with linear scaling")
     g.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # driver <- rank 0
