@@ -137,8 +137,9 @@ void checkTensor(const at::Tensor& t, const char* op) {
 // The outputs of a list collective are filled by copies out of one staging buffer: each must be
 // writable on its own. Two outputs that share memory (the same tensor twice, overlapping views)
 // or one whose elements do (expand()) would silently keep only the last copy, so they are
-// refused. Spans are sorted by start address, and only outputs whose spans meet are compared
-// (at::get_overlap_status; strided views it cannot judge pass, as in torch's own checks).
+// refused. Spans are sorted by start address, and only outputs whose spans meet are compared:
+// at::get_overlap_status decides dense ones; strided views it cannot judge (interleaved ones are
+// legal) go to an exact check that marks each output's elements in a map of their memory.
 void checkOutputs(const std::vector<at::Tensor>& outs, const char* op) {
   struct Span {
     uintptr_t begin, end;
@@ -157,16 +158,43 @@ void checkOutputs(const std::vector<at::Tensor>& outs, const char* op) {
     auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
     spans.push_back({begin, begin + static_cast<uintptr_t>(extent) * t.element_size(), i});
   }
+  auto refuse = [&](size_t a, size_t b) {
+    TORCH_CHECK(false, "mccl ", op, ": outputs ", std::min(a, b), " and ", std::max(a, b),
+                " share memory (the same tensor twice, or overlapping views); each output must "
+                "receive its own result");
+  };
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  std::vector<size_t> unsure;  // outputs in spans[] order whose overlap only the map can decide
   for (size_t k = 0; k < spans.size(); k++)
     for (size_t j = k + 1; j < spans.size() && spans[j].begin < spans[k].end; j++) {
       at::MemOverlapStatus st = at::get_overlap_status(outs[spans[k].index], outs[spans[j].index]);
-      TORCH_CHECK(st != at::MemOverlapStatus::Full && st != at::MemOverlapStatus::Partial, "mccl ", op,
-                  ": outputs ", std::min(spans[k].index, spans[j].index), " and ",
-                  std::max(spans[k].index, spans[j].index),
-                  " share memory (the same tensor twice, or overlapping views); each output must "
-                  "receive its own result");
+      if (st == at::MemOverlapStatus::Full || st == at::MemOverlapStatus::Partial) refuse(spans[k].index, spans[j].index);
+      if (st == at::MemOverlapStatus::TooHard) unsure.insert(unsure.end(), {k, j});
     }
+  if (unsure.empty()) return;
+  // A map per run of unsure outputs whose spans meet (so it covers memory they share, never the
+  // gap between two allocations); every output of a list has one dtype, so their addresses
+  // differ by whole elements. Each output writes its index + 1 into its elements in the map; an
+  // element already marked belongs to an earlier output.
+  std::sort(unsure.begin(), unsure.end());
+  unsure.erase(std::unique(unsure.begin(), unsure.end()), unsure.end());
+  const int64_t esize = outs[spans[unsure.front()].index].element_size();
+  for (size_t first = 0; first < unsure.size();) {
+    size_t last = first;
+    uintptr_t lo = spans[unsure[first]].begin, hi = spans[unsure[first]].end;
+    while (last + 1 < unsure.size() && spans[unsure[last + 1]].begin < hi)
+      hi = std::max(hi, spans[unsure[++last]].end);
+    at::Tensor owner = at::zeros({static_cast<int64_t>((hi - lo) / esize)}, at::kInt);
+    for (size_t u = first; u <= last; u++) {
+      const Span& sp = spans[unsure[u]];
+      const at::Tensor& t = outs[sp.index];
+      at::Tensor mine = owner.as_strided(t.sizes(), t.strides(), static_cast<int64_t>((sp.begin - lo) / esize));
+      int64_t earlier = mine.max().item<int64_t>();
+      if (earlier > 0) refuse(static_cast<size_t>(earlier - 1), sp.index);
+      mine.fill_(static_cast<int>(sp.index + 1));
+    }
+    first = last + 1;
+  }
 }
 
 int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::milliseconds pg_timeout) {

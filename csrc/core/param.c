@@ -1,6 +1,7 @@
 /* param.c: the table of MCCL_* environment parameters and its read-once cache. */
 #include "core/param.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -61,7 +62,7 @@ static void paramsInit(void) {
       else if (*end == 'm' || *end == 'M') shift = 20, end++;
       else if (*end == 'g' || *end == 'G') shift = 30, end++;
     }
-    if (end == p->raw || *end != '\0') {
+    if (end == p->raw || *end != '\0' || isspace((unsigned char)p->raw[0])) {
       fprintf(stderr, "MCCL WARN %s=%s is not a decimal integer (with an optional K, M or G suffix); using %lld\n",
               p->name, p->raw, (long long)p->default_value);
       continue;

@@ -754,7 +754,8 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
     "sender_cpu_pct", "receiver_cpu_pct"}``, the tool being ``iperf3`` when installed and ``tool``
     is auto, else ``python``. The CPU figures (% of one core, kernel time included) are what moving
     that stream cost the sending and the receiving process: a rank that sends and receives at this
-    rate pays about their sum before any work of its own."""
+    rate pays at least about their sum before any work of its own (iperf3's buffer stays in cache;
+    a collective's tensors stream from memory and cost more)."""
     if server == client or not (0 <= server < spec.hosts and 0 <= client < spec.hosts):
         raise ClusterError(f"goodput needs two different hosts of 0..{spec.hosts - 1}")
     tool = ("iperf3" if iperf3_path() else "python") if tool == "auto" else tool
@@ -844,7 +845,8 @@ def _read(path: str) -> str | None:
 # Command line
 # ---------------------------------------------------------------------------------------------
 
-def _arg_id(text: str) -> str:
+def id_arg(text: str) -> str:
+    """argparse type of --id: a valid cluster id (check_id)."""
     try:
         return check_id(text)
     except ClusterError as exc:
@@ -857,7 +859,7 @@ def cpu_list(text: str) -> list[int]:
         cpus = [int(c) for c in text.split(",")]
     except ValueError:
         cpus = []
-    if not cpus or min(cpus) < 0:
+    if not cpus or min(cpus) < 0 or max(cpus) >= 1 << 20:
         raise ClusterError(f"--cpus {text!r}: expected CPU numbers separated by commas, e.g. 0,1")
     return cpus
 
@@ -885,7 +887,7 @@ def _parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     def with_id(sp):
-        sp.add_argument("--id", type=_arg_id, default=DEFAULT_ID,
+        sp.add_argument("--id", type=id_arg, default=DEFAULT_ID,
                         help="cluster id (1-4 of [a-z0-9]); names are mccl-<id>-*")
         return sp
 
@@ -904,11 +906,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("down", help="remove a cluster (idempotent; works after a crash)", formatter_class=fmt)
     g = sp.add_mutually_exclusive_group()
-    g.add_argument("--id", type=_arg_id, default=DEFAULT_ID, help="cluster id")
+    g.add_argument("--id", type=id_arg, default=DEFAULT_ID, help="cluster id")
     g.add_argument("--all", action="store_true", help="remove every cluster named mccl-<id>-{h<i>,v<i>,br}")
 
     sp = sub.add_parser("status", help="list clusters, hosts, addresses, qdiscs", formatter_class=fmt)
-    sp.add_argument("--id", type=_arg_id, default=None, help="one cluster id (default: all)")
+    sp.add_argument("--id", type=id_arg, default=None, help="one cluster id (default: all)")
 
     sp = with_id(sub.add_parser("run", help="run CMD once per rank inside the hosts", formatter_class=fmt))
     sp.add_argument("--nproc", type=_cli.int_at_least(1), default=None, help="world size (default: hosts x nproc-per-host)")

@@ -54,7 +54,15 @@ int main(void) {
   /* 17179869185 x 2^30 wraps to 2^30 in 64 bits: refused, not wrapped into range. */
   expectValue("MCCL_SEGMENT_BYTES", "17179869185G", seg_default);
   expectValue("MCCL_SEGMENT_BYTES", "99999999999999999999", seg_default); /* beyond int64 */
-  expectValue("MCCL_SEND_THREAD", "-1", -1);
+  /* The same where the range itself ends at INT64_MAX: only the overflow checks refuse them. */
+  const long long ring_default = 256 * 1024;
+  expectValue("MCCL_RING_THRESHOLD", "9223372036854775807", 9223372036854775807LL);
+  expectValue("MCCL_RING_THRESHOLD", "99999999999999999999", ring_default);
+  expectValue("MCCL_RING_THRESHOLD", "9007199254740992K", ring_default); /* 2^63 */
+  expectValue("MCCL_RING_THRESHOLD", "8589934592G", ring_default);
+  expectValue("MCCL_RING_THRESHOLD", " 5", ring_default); /* no whitespace either side */
+  expectValue("MCCL_SEND_THREAD", "0", 0);
+  expectValue("MCCL_SEND_THREAD", "1", 1);
   expectValue("MCCL_SEND_THREAD", "2", -1);
   expectValue("MCCL_SEND_THREAD", "yes", -1);
   expectValue("MCCL_RING_THRESHOLD", "0", 0);

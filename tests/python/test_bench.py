@@ -59,6 +59,7 @@ def test_sizes_and_iterations():
     ("collectives", ["--goodput", "0gbit"], "above 0"),
     ("collectives", ["--threads", "0"], "must be 1 or more"),
     ("collectives", ["--nproc", "-1"], "must be 1 or more"),
+    ("collectives", ["--cluster", "BAD"], "must be 1-4 lowercase letters or digits"),
     ("overlap", ["--steps", "0"], "must be 1 or more"),
     ("overlap", ["--buckets", "0"], "must be 1 or more"),
     ("overlap", ["--bucket-mb", "0"], "above 0"),
@@ -129,7 +130,7 @@ def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
     # What moving the goodput stream cost its two ends, and the footnote that reads it against the engines.
     gp = data["meta"]["goodput"]
     assert 0 < gp["sender_cpu_pct"] < 400 and 0 < gp["receiver_cpu_pct"] < 400, gp
-    assert f"a rank that sends and receives at that rate pays about " \
+    assert f"a rank that sends and receives at that rate pays at least about " \
            f"{gp['sender_cpu_pct'] + gp['receiver_cpu_pct']:.0f}%" in out, out[-4000:]
     assert "mccl" in data["meta"]["cpu_source"] and "gloo" in data["meta"]["cpu_source"]
     assert out_png.stat().st_size > 10_000

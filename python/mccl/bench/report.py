@@ -27,7 +27,8 @@ def print_header(meta: dict, args) -> None:
              + (f" (rank 0 may run on {meta['cpus_usable']})" if meta.get("cpus_usable", meta["cpus"]) != meta["cpus"] else "")
              + f", load average {meta['loadavg_start'][0]:.2f} at start",
              "# goodput: " + (f"{cluster.format_goodput(gp)}, {gp['how']}" if gp else
-                              "not given (--goodput measure|RATE): no %goodput column")]
+                              "not measured: one rank has no link to another" if getattr(args, "goodput", None) == "measure"
+                              and meta["world_size"] < 2 else "not given (--goodput measure|RATE): no %goodput column")]
     if meta["env"]:
         lines.append("# env: " + " ".join(f"{k}={v}" for k, v in sorted(meta["env"].items())))
     for b, note in meta["cpu_source"].items():
@@ -131,8 +132,9 @@ def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
     gp = meta.get("goodput") or {}
     if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
         con.print(f"# the goodput stream cost its sender {gp['sender_cpu_pct']:.0f}% and its receiver "
-                  f"{gp['receiver_cpu_pct']:.0f}% of a core: a rank that sends and receives at that rate pays about "
-                  f"{gp['sender_cpu_pct'] + gp['receiver_cpu_pct']:.0f}% to move its bytes, before any work of its own")
+                  f"{gp['receiver_cpu_pct']:.0f}% of a core: a rank that sends and receives at that rate pays at least "
+                  f"about {gp['sender_cpu_pct'] + gp['receiver_cpu_pct']:.0f}% to move its bytes, before any work "
+                  f"of its own (more for data that is not in cache, as a collective's tensors are not)")
     errors = [r for r in rows if "error" in r]
     con.print(f"# #wrong total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}"
               + (f"; {len(errors)} measurements failed" if errors else ""))

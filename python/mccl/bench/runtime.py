@@ -50,7 +50,7 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ranks (driver mode: without RANK/WORLD_SIZE in the environment)")
     g.add_argument("--nproc", type=_cli.int_at_least(1), default=None,
                    help="ranks to start: default 2 on this machine, or one per host with --cluster")
-    g.add_argument("--cluster", metavar="ID", default=None,
+    g.add_argument("--cluster", metavar="ID", type=cluster.id_arg, default=None,
                    help="start the ranks in emulated cluster ID (python -m mccl.cluster up; needs root), "
                         "rank i in host i")
     g.add_argument("--deadline", type=_cli.number_at_least(0, what="number of seconds"), default=3600.0,
@@ -67,7 +67,7 @@ def split_backends(text: str) -> list[str]:
     this torch (mccl counts once importable) or a name repeats."""
     import torch.distributed as dist
 
-    backends = [b.strip() for b in text.split(",") if b.strip()]
+    backends = [b.strip().lower() for b in text.split(",") if b.strip()]  # torch lowercases them too
     if not backends or len(set(backends)) != len(backends):
         raise SystemExit(f"--backends {text!r}: give one or more distinct backend names, e.g. mccl,gloo")
     if "mccl" in backends:
@@ -92,9 +92,9 @@ def driver_spec(args) -> tuple[cluster.ClusterSpec | None, int]:
 
 def relaunch(argv: list[str], args, world_size: int | None = None, extra_env: dict[str, str] | None = None) -> int:
     """Run ``python -m mccl.bench ARGV`` as ranks (driver mode); returns the job's exit status."""
-    spec, nproc = driver_spec(args)
     cmd = [sys.executable, "-m", "mccl.bench", *argv]
     try:
+        spec, nproc = driver_spec(args)  # the cluster may not be up: a one-line error
         return cluster.launch(cmd, world_size or nproc, spec=spec, timeout=args.deadline, extra_env=extra_env)
     except cluster.ClusterError as exc:
         print(f"mccl.bench: error: {exc}", file=sys.stderr)
