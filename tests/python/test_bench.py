@@ -152,7 +152,11 @@ def test_overlap_smoke(tmp_path):
     rc, out = bench("overlap", "--nproc", "2", "--buckets", "3", "--bucket-mb", "1", "--compute-ms", "5",
                     "--steps", "2", "--json", str(out_json), "--plot", str(tmp_path / "o.png"))
     assert rc == 0, out[-4000:]
-    res = json.loads(out_json.read_text())["results"]
+    data = json.loads(out_json.read_text())
+    res, meta = data["results"], data["meta"]
+    # The header states what the calibrated compute took on rank 0, next to the target.
+    assert meta["compute_ms_calibrated"] > 0 and meta["matmuls_per_bucket"] >= 1, meta
+    assert f"{meta['compute_ms_calibrated']:.1f} ms when rank 0 calibrated them (target 5 ms)" in out, out[:2000]
     for b in ("mccl", "gloo"):
         med = res[b]["median_s"]
         assert set(med) == {"compute", "comm", "overlap", "serial"} and all(v > 0 for v in med.values())

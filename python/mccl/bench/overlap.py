@@ -70,14 +70,16 @@ class Step:
         self.a = (torch.randn(m, m, generator=gen) / m).to(self.dev)
         self.b = torch.randn(m, m, generator=gen).to(self.dev)
         self.grad = torch.zeros(numel, device=self.dev) if self.dev.type == "cuda" else None
-        self.reps = self._calibrate(groups)
+        self.reps, self.calibrated_ms = self._calibrate(groups)
 
     def _sync(self) -> None:
         if self.dev.type == "cuda":
             torch.cuda.synchronize()
 
-    def _calibrate(self, groups: runtime.Groups) -> list[int]:
-        reps = [1]
+    def _calibrate(self, groups: runtime.Groups) -> tuple[int, float]:
+        """Matmuls per bucket for --compute-ms, measured on rank 0 and the same on every rank, and
+        the ms they took there (at least one matmul, so a tiny target can be exceeded)."""
+        reps = [1, 0.0]
         if groups.rank == 0:
             for _ in range(3):
                 self._matmuls(5)
@@ -88,8 +90,9 @@ class Step:
             self._sync()
             per = (time.perf_counter() - t0) / n
             reps[0] = max(1, round(self.args.compute_ms / 1000 / per))
+            reps[1] = reps[0] * per * 1e3
         dist.broadcast_object_list(reps, src=0, group=groups.control)
-        return reps[0]
+        return reps[0], reps[1]
 
     def _matmuls(self, n: int) -> torch.Tensor:
         c = self.a
@@ -171,12 +174,14 @@ def main(args) -> int:
     step = Step(args, groups)
     meta = runtime.run_metadata(groups, backends)
     meta.update({"buckets": args.buckets, "bucket_mib": args.bucket_mb, "matmuls_per_bucket": step.reps,
-                 "compute_ms_target": args.compute_ms, "device": args.device})
+                 "compute_ms_target": args.compute_ms, "compute_ms_calibrated": step.calibrated_ms,
+                 "device": args.device})
     rank0 = groups.rank == 0
     if rank0:
         print(f"# mccl.bench overlap: {groups.world} ranks, {args.buckets} buckets x {args.bucket_mb:g} MiB, "
-              f"{step.reps} matmuls ({args.matmul}x{args.matmul}, {args.device}) per bucket ~ {args.compute_ms:g} ms "
-              f"on rank 0, {args.threads} thread(s); load average {meta['loadavg_start'][0]:.2f}", flush=True)
+              f"{step.reps} matmuls ({args.matmul}x{args.matmul}, {args.device}) per bucket, {step.calibrated_ms:.1f} ms "
+              f"when rank 0 calibrated them (target {args.compute_ms:g} ms), {args.threads} thread(s); load average "
+              f"{meta['loadavg_start'][0]:.2f}", flush=True)
     results = {}
     for backend in backends:
         group = groups.by_backend[backend]
