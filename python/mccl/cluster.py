@@ -524,6 +524,22 @@ def enter_netns(ns: str) -> None:
         os.close(fd)
 
 
+def exec_in(ns: str, cpus: Sequence[int] | None, command: list[str]) -> None:
+    """Replace this process with ``command`` inside namespace ``ns``, pinned to ``cpus`` when given
+    (exec keeps the affinity); ClusterError naming the cause when any step fails."""
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:
+            raise ClusterError(f"CPUs {','.join(map(str, cpus))}: {exc.strerror} (this process may run on "
+                               f"{','.join(map(str, sorted(os.sched_getaffinity(0))))})") from None
+    enter_netns(ns)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        raise ClusterError(f"{command[0]}: {exc.strerror}") from None
+
+
 def ns_argv(ns: str | None, argv: Sequence[str], cpus: Sequence[int] | None = None) -> list[str]:
     """argv that runs ``argv`` inside namespace ``ns`` (unchanged for None), pinned to ``cpus``
     when given: this file's ``nsexec`` command enters the namespace, sets the CPU affinity and
@@ -789,12 +805,18 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
         _stop(sink)
 
 
+def stream_cpu(gp: dict) -> tuple[float, float] | None:
+    """(sender, receiver) CPU % of a goodput result from :func:`measure_goodput`, or None when the
+    tool did not report both."""
+    sender, receiver = gp.get("sender_cpu_pct"), gp.get("receiver_cpu_pct")
+    return None if sender is None or receiver is None else (sender, receiver)
+
+
 def format_goodput(gp: dict) -> str:
     """``4.963 Gbit/s (0.6204 GB/s)``, then the stream's CPU cost when known."""
     text = format_rate(gp["bits_per_s"])
-    if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
-        text += (f"; its CPU: sender {gp['sender_cpu_pct']:.0f}% + receiver {gp['receiver_cpu_pct']:.0f}% "
-                 f"of a core")
+    if cpu := stream_cpu(gp):
+        text += f"; its CPU: sender {cpu[0]:.0f}% + receiver {cpu[1]:.0f}% of a core"
     return text
 
 
@@ -945,23 +967,12 @@ def _internal(argv: list[str]) -> int:
     if cmd == "nsexec":
         if not rest or rest[0].startswith("-"):
             raise ClusterError("usage: nsexec NAMESPACE [--cpus LIST] -- COMMAND...")
-        ns, rest = rest[0], rest[1:]
+        ns, rest, cpus = rest[0], rest[1:], None
         if rest[:1] == ["--cpus"]:
             if len(rest) < 2:
                 raise ClusterError("nsexec --cpus: expected CPU numbers separated by commas, e.g. 0,1")
-            cpus = cpu_list(rest[1])
-            try:
-                os.sched_setaffinity(0, cpus)  # exec keeps it
-            except OSError as exc:
-                raise ClusterError(f"--cpus {rest[1]}: {exc.strerror} (this machine's CPUs: "
-                                   f"{','.join(map(str, sorted(os.sched_getaffinity(0))))})") from None
-            rest = rest[2:]
-        command = _program(_command(rest))
-        enter_netns(ns)
-        try:
-            os.execvp(command[0], command)
-        except OSError as exc:
-            raise ClusterError(f"{command[0]}: {exc.strerror}") from None
+            cpus, rest = cpu_list(rest[1]), rest[2:]
+        exec_in(ns, cpus, _program(_command(rest)))
     addr, port = rest[0], int(rest[1])
     if cmd == "_sink":
         with socket.create_server((addr, port)) as ls:
@@ -1022,15 +1033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = load_spec(args.id)
             if not 0 <= args.host < spec.hosts:
                 raise ClusterError(f"--host {args.host}: cluster '{spec.id}' has hosts 0..{spec.hosts - 1}")
-            cmd = _program(_command(args.command))
-            cpus = spec.cpus(args.host)
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-            enter_netns(spec.netns(args.host))
-            try:
-                os.execvp(cmd[0], cmd)
-            except OSError as exc:
-                raise ClusterError(f"{cmd[0]}: {exc.strerror}") from None
+            exec_in(spec.netns(args.host), spec.cpus(args.host), _program(_command(args.command)))
         elif args.cmd == "goodput":
             require_root("goodput")
             spec = load_spec(args.id)

@@ -129,12 +129,11 @@ def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
     con.print("# cpu %: of one core, max over ranks: the backend's named engine threads ('-' when it names none) / "
               "the whole rank process. +RSS: peak RSS during warm-up and timing minus the RSS just before (tensors "
               "resident), max over ranks")
-    gp = meta.get("goodput") or {}
-    if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
-        con.print(f"# the goodput stream cost its sender {gp['sender_cpu_pct']:.0f}% and its receiver "
-                  f"{gp['receiver_cpu_pct']:.0f}% of a core: a rank that sends and receives at that rate pays at least "
-                  f"about {gp['sender_cpu_pct'] + gp['receiver_cpu_pct']:.0f}% to move its bytes, before any work "
-                  f"of its own (more for data that is not in cache, as a collective's tensors are not)")
+    if cpu := cluster.stream_cpu(meta.get("goodput") or {}):
+        con.print(f"# the goodput stream cost its sender {cpu[0]:.0f}% and its receiver {cpu[1]:.0f}% of a core: a "
+                  f"rank that sends and receives at that rate pays at least about {cpu[0] + cpu[1]:.0f}% to move its "
+                  f"bytes, before any work of its own (more for data that is not in cache, as a collective's tensors "
+                  f"are not)")
     errors = [r for r in rows if "error" in r]
     con.print(f"# #wrong total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}"
               + (f"; {len(errors)} measurements failed" if errors else ""))

@@ -375,8 +375,8 @@ def driver_goodput_env(args) -> dict[str, str]:
     env = {"MCCL_BENCH_GOODPUT": f"{gp['bits_per_s']:.0f}bit",
            "MCCL_BENCH_GOODPUT_HOW": f"measured in this run by mccl.cluster, host 1 -> host 0, one TCP stream, "
                                      f"{args.goodput_seconds:g} s, {gp['tool']}"}
-    if gp.get("sender_cpu_pct") is not None and gp.get("receiver_cpu_pct") is not None:
-        env["MCCL_BENCH_GOODPUT_CPU"] = f"{gp['sender_cpu_pct']:.2f},{gp['receiver_cpu_pct']:.2f}"
+    if cpu := cluster.stream_cpu(gp):
+        env["MCCL_BENCH_GOODPUT_CPU"] = f"{cpu[0]:.2f},{cpu[1]:.2f}"
     return env
 
 
