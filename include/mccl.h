@@ -14,7 +14,7 @@
  *
  * Buffers: a buffer passed to a collective must stay valid, and must not be written by anyone
  * else, until the request completes (mcclWait / mcclTest reports it done) or, when a handoff is
- * given, until its consumer_release callback has run.
+ * given, until its consumer timeline was signalled and its consumer_release callback has run.
  */
 #ifndef MCCL_H_
 #define MCCL_H_
@@ -192,17 +192,84 @@ MCCL_API const char* mcclGetErrorString(mcclResult_t result);
 MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype);
 
 /* ---------------------------------------------------------------------------------------------
- * Device handoff: the seam between a device's stream and the engine (ARCHITECTURE.md).
+ * Device handoff: the seam between a device's stream and the engine (ARCHITECTURE.md, rules O1-O3).
  *
- * producer_wait (O1) runs on the engine thread before it reads any byte of the request's buffers;
- * it returns when the device work that writes them has finished, or an error (mcclTimeout after
- * `timeout_ms`). consumer_release (O2) runs on the engine thread exactly once, after the last
- * byte was written or the request failed (result says which); the caller may release the
- * buffers then. CPU memory needs no producer_wait; set it to NULL.
+ * A timeline is a monotonic 64-bit counter that a device and the CPU share. A device raises it
+ * from its stream when the work queued before has finished (CUDA: cuStreamWriteValue64 on mapped
+ * pinned host memory; MPS: an MTLSharedEvent signal) and waits on it from its stream until the
+ * CPU raised it (cuStreamWaitValue64, encodeWaitForEvent). The engine never blocks on a device:
+ * it polls a producer timeline (O1) and raises a consumer timeline (O2), and calls nothing of a
+ * device's runtime. All timeline functions are thread-safe and never call back into the device's
+ * runtime except through the ops given at creation.
+ *
+ * Value semantics: mcclTimelineValue is the largest value signalled so far; a value v is reached
+ * once the timeline's value is >= v (for MCCL_TIMELINE_32BIT: once (int32_t)(value - v) >= 0 on
+ * the low 32 bits, CUDA's wrap-around rule for 32-bit stream waits). Signalling never lowers the
+ * value. A failed timeline (mcclTimelineFail) keeps the values it reached and reports its error
+ * for every value it had not reached.
  * ------------------------------------------------------------------------------------------- */
-typedef struct mcclHandoff {
+typedef struct mcclTimeline* mcclTimeline_t;
+
+/* For a timeline whose value is not a word of memory the CPU can read (MPS: an
+ * MTLSharedEvent's signaledValue). Both must be non-blocking and callable from any thread. */
+typedef struct mcclTimelineOps {
   void* ctx;
-  mcclResult_t (*producer_wait)(void* ctx, int64_t timeout_ms);
+  uint64_t (*read)(void* ctx);               /* the current value */
+  void (*write)(void* ctx, uint64_t value);  /* set the value (called with increasing values) */
+} mcclTimelineOps_t;
+
+#define MCCL_TIMELINE_32BIT 1 /* mcclTimelineCreate flag: the device reads and writes only the
+                                 low 32 bits of `word` (little-endian), with wrap-around */
+
+/* Create a timeline over `word` (8 bytes, 8-byte aligned, e.g. mapped pinned host memory; it must
+ * outlive the timeline; its current contents are the initial value), or over `ops` (word NULL),
+ * or, with both NULL, over memory of its own starting at 0. flags: 0 or MCCL_TIMELINE_32BIT.
+ * Errors: mcclInvalidArgument (word and ops both given, bad flags, misaligned word),
+ * mcclSystemError (out of memory). */
+MCCL_API mcclResult_t mcclTimelineCreate(uint64_t* word, int flags, const mcclTimelineOps_t* ops,
+                                         mcclTimeline_t* timeline);
+
+/* Free a timeline (NULL: a no-op). No thread may be waiting on it. */
+MCCL_API void mcclTimelineDestroy(mcclTimeline_t timeline);
+
+/* The current value (an acquire read: memory the signaller wrote before signalling is visible). */
+MCCL_API uint64_t mcclTimelineValue(mcclTimeline_t timeline);
+
+/* Raise the value to `value` (a release write; no-op when already there) and wake waiters. */
+MCCL_API mcclResult_t mcclTimelineSignal(mcclTimeline_t timeline, uint64_t value);
+
+/* Mark the timeline failed with `error` (an mcclResult_t other than mcclSuccess/mcclInProgress;
+ * the first one sticks) and wake waiters: values it had not reached now report that error. */
+MCCL_API mcclResult_t mcclTimelineFail(mcclTimeline_t timeline, mcclResult_t error);
+
+/* Non-blocking: mcclSuccess once `value` is reached, mcclInProgress before, or the error of a
+ * failed timeline that has not reached it. */
+MCCL_API mcclResult_t mcclTimelinePoll(mcclTimeline_t timeline, uint64_t value);
+
+/* Block until `value` is reached (mcclSuccess), the timeline fails (its error; mcclTimelineFail
+ * with mcclAborted is how another thread wakes a waiter early), or `timeout_ms` passes
+ * (mcclTimeout; < 0: no deadline). CPU signals wake it at once; values a device writes are seen
+ * within a fraction of a millisecond (it spins briefly, then sleeps in growing slices up to 1 ms). */
+MCCL_API mcclResult_t mcclTimelineWait(mcclTimeline_t timeline, uint64_t value, int64_t timeout_ms);
+
+/* The handoff of one request. O1: the engine reads no byte of the request's buffers before
+ * `producer` reached `producer_value` (NULL: no producer; CPU memory); it polls, so a producer
+ * that is late never stops the engine from progressing other work, and one that never finishes
+ * fails the request with mcclTimeout at the request's deadline (or with the producer timeline's
+ * error). O2: when the request is finished (success, error, timeout, abort, or never run because
+ * the communicator had failed) the engine first signals `consumer` with `consumer_value` (if
+ * non-NULL), so that no device stream waiting on it waits forever, and then calls
+ * consumer_release (if non-NULL) with the result; both happen exactly once, on the engine's thread
+ * (or on the thread of mcclCommAbort / mcclCommDestroy), and only for a request whose issuing call
+ * returned mcclSuccess: a call that fails returns without touching the handoff. consumer_release
+ * must not block on a device (it may post work elsewhere); the caller may release the buffers
+ * once it ran. The timelines must outlive the request. */
+typedef struct mcclHandoff {
+  mcclTimeline_t producer;
+  uint64_t producer_value;
+  mcclTimeline_t consumer;
+  uint64_t consumer_value;
+  void* ctx;
   void (*consumer_release)(void* ctx, mcclResult_t result);
 } mcclHandoff_t;
 

@@ -22,6 +22,7 @@
 
 struct mcclRequest {
   atomic_int refs;                /* the caller's hold + the engine's hold */
+  atomic_int finished;            /* mcclRequestFinish ran (it runs once: the handoff's release) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int done;                       /* under mu */
@@ -117,6 +118,8 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm);
 void mcclP2pFree(struct mcclComm* comm);
 void mcclP2pSubmit(struct mcclComm* comm, struct mcclRequest* req);
 int mcclP2pBusy(struct mcclComm* comm);
+/* 1 while a submitted send or receive waits for its producer (device work writing its buffer). */
+int mcclP2pWaiting(struct mcclComm* comm);
 /* 1 once a send or receive passed its deadline with its message partly on the wire: the progress
  * round that found it returned mcclTimeout, and the communicator must fail. */
 int mcclP2pStalled(struct mcclComm* comm);

@@ -42,6 +42,10 @@ void mcclRequestRelease(struct mcclRequest* req) {
 }
 
 void mcclRequestFinish(struct mcclRequest* req, mcclResult_t res, const char* msg) {
+  if (atomic_exchange(&req->finished, 1)) {
+    WARN("internal error: a request was finished twice (second result %s); ignored", mcclGetErrorString(res));
+    return;
+  }
   pthread_mutex_lock(&req->mu);
   req->result = res;
   snprintf(req->error, sizeof(req->error), "%s", res == mcclSuccess ? "" : msg);
@@ -110,6 +114,41 @@ static void failCommunicator(struct mcclComm* comm, mcclResult_t res, char* msg,
   mcclP2pFailAll(comm, res, msg);
 }
 
+/* O1 without blocking the engine on a device: until the device work that writes `req`'s buffers
+ * has finished (its producer timeline reached the request's value), keep point-to-point traffic
+ * moving, and otherwise sleep on the timeline in slices of at most 200 us. A producer that is not
+ * done by the request's deadline, a failed producer timeline, or an abort ends the wait with an
+ * error in comm->tp.error; so does a point-to-point failure meanwhile. */
+static mcclResult_t awaitProducer(struct mcclComm* comm, struct mcclRequest* req) {
+  const mcclHandoff_t* h = &req->handoff;
+  mcclResult_t res = mcclHandoffProducerPoll(h);
+  while (res == mcclInProgress) {
+    int64_t now = mcclNowNs(), until = now + 200 * 1000;
+    if (atomic_load(&comm->aborted)) {
+      snprintf(comm->tp.error, sizeof(comm->tp.error), "aborted while waiting for the producer of the buffers");
+      return mcclAborted;
+    }
+    if (now >= req->op.deadline_ns) {
+      snprintf(comm->tp.error, sizeof(comm->tp.error),
+               "the device work that writes the buffers (producer value %llu) had not finished when the "
+               "timeout passed", (unsigned long long)h->producer_value);
+      return mcclTimeout;
+    }
+    if (until > req->op.deadline_ns) until = req->op.deadline_ns;
+    if (mcclP2pBusy(comm)) {
+      mcclResult_t p = mcclTransportProgress(&comm->tp, until, &comm->aborted);
+      if (p != mcclSuccess && (p != mcclTimeout || mcclP2pStalled(comm))) return p;
+    } else {
+      mcclTimelineWaitUntil(h->producer, h->producer_value, until, 200 * 1000);
+    }
+    res = mcclHandoffProducerPoll(h);
+  }
+  if (res != mcclSuccess)
+    snprintf(comm->tp.error, sizeof(comm->tp.error), "the device work that writes the buffers failed (%s)",
+             mcclGetErrorString(res));
+  return res;
+}
+
 static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   char msg[1024];
   pthread_mutex_lock(&comm->errlock);
@@ -124,11 +163,8 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   }
   int64_t start = mcclNowNs();
   req->op.deadline_ns = start + req->timeout_ms * 1000000LL;
-  mcclResult_t res = mcclHandoffProducerWait(&req->handoff, req->timeout_ms);
-  if (res != mcclSuccess) {
-    snprintf(comm->tp.error, sizeof(comm->tp.error), "the producer of the buffers did not finish (%s)",
-             mcclGetErrorString(res));
-  } else {
+  mcclResult_t res = awaitProducer(comm, req);
+  if (res == mcclSuccess) {
     TRACE(MCCL_SUB_COLL, "rank %d: start %s #%llu count %zu %s", comm->rank,
           mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
           mcclDtypeName(req->op.dtype));
@@ -265,7 +301,8 @@ void* mcclEngineMain(void* arg) {
       }
       /* Only point-to-point work: progress it (the round hook posts, retires and times out). */
       mcclResult_t res = mcclTransportProgress(&comm->tp, mcclNowNs() + 100 * 1000000LL, &comm->aborted);
-      if (res == mcclSuccess && comm->tp.idle) mcclTransportIdleWait(&comm->tp, 100);
+      /* Sends and receives whose producer is still running are polled every millisecond. */
+      if (res == mcclSuccess && comm->tp.idle) mcclTransportIdleWait(&comm->tp, mcclP2pWaiting(comm) ? 1 : 100);
       if (res != mcclSuccess && (res != mcclTimeout || mcclP2pStalled(comm))) {
         char msg[1024];
         snprintf(msg, sizeof(msg), "rank %d: point-to-point traffic failed: %s", comm->rank, comm->tp.error);
@@ -319,6 +356,7 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
     return NULL;
   }
   atomic_init(&req->refs, 2); /* the caller's hold and the engine's */
+  atomic_init(&req->finished, 0);
   pthread_mutex_init(&req->mu, NULL);
   pthread_cond_init(&req->cv, NULL);
   req->op = *op;

@@ -9,6 +9,11 @@
  * a buffer of its own until a receive claims it. Later frames of the message follow the first
  * on the same connection, so each peer has one "current" message at a time.
  *
+ * A send or receive whose buffer a device is still writing (its handoff's producer, O1) waits in
+ * `waiting` until the producer is done, polled at every round; it holds back the later sends to
+ * (receives from) the same peer, so the per-(peer, tag) order stays the issue order, while work
+ * for other peers goes on.
+ *
  * Threading: caller threads only append to comm->p2p_new_* under qlock (mcclP2pSubmit). All
  * state below is the engine thread's; p2pRound runs at the start of every progress round, both
  * inside collectives and when the engine has nothing but point-to-point work.
@@ -34,6 +39,9 @@ typedef struct mcclParked {
 enum { CUR_NONE = 0, CUR_RECV, CUR_PARKED, CUR_DISCARD };
 
 struct mcclP2pState {
+  struct mcclRequest* waiting; /* submitted, the producer of the buffer not done yet, in order */
+  char* held_send;            /* [nranks], scratch of p2pRound: a send to that peer waits */
+  char* held_recv;            /* [nranks]: a receive from that peer waits */
   struct mcclRequest* recvs;  /* posted receives not matched yet, in posting order */
   struct mcclRequest* active; /* sends in flight and matched receives still landing */
   mcclParked* parked;         /* unclaimed messages, in arrival order */
@@ -146,11 +154,6 @@ static void postRecv(struct mcclComm* comm, struct mcclRequest* req) {
 
 static void postSend(struct mcclComm* comm, struct mcclRequest* req) {
   struct mcclP2pState* st = comm->p2p;
-  mcclResult_t res = mcclHandoffProducerWait(&req->handoff, req->timeout_ms);
-  if (res != mcclSuccess) {
-    finish(req, res, "the producer of the send buffer did not finish");
-    return;
-  }
   size_t seg = comm->algo.segment_bytes;
   int n = req->bytes == 0 ? 1 : (int)((req->bytes + seg - 1) / seg);
   req->xfers = calloc((size_t)n, sizeof(mcclXfer));
@@ -197,6 +200,42 @@ static mcclResult_t stalledMidMessage(struct mcclComm* comm, struct mcclRequest*
 
 int mcclP2pStalled(struct mcclComm* comm) { return comm->p2p != NULL && comm->p2p->stalled; }
 
+/* Post the waiting requests whose producer is done, in submission order, except behind an
+ * earlier one for the same peer (and direction) that still waits; a receive from any source waits
+ * behind every earlier waiting receive, and holds back every later one. A producer that failed, or
+ * is not done by the request's deadline, fails that request alone (nothing of it is on the wire). */
+static void postReady(struct mcclComm* comm, int64_t now) {
+  struct mcclP2pState* st = comm->p2p;
+  if (st->waiting == NULL) return;
+  memset(st->held_send, 0, (size_t)comm->nranks);
+  memset(st->held_recv, 0, (size_t)comm->nranks);
+  int held_any = 0; /* a receive waits: later any-source receives must wait too */
+  int held_any_src = 0; /* an any-source receive waits: every later receive must wait */
+  for (struct mcclRequest *req = st->waiting, *next; req != NULL; req = next) {
+    next = req->next;
+    int send = req->op.coll == MCCL_COLL_SEND, any = !send && req->peer == MCCL_ANY_SOURCE;
+    int behind = send ? st->held_send[req->peer]
+                      : (held_any_src || (any ? held_any : st->held_recv[req->peer]));
+    mcclResult_t res = behind ? mcclInProgress : mcclHandoffProducerPoll(&req->handoff);
+    if (res == mcclInProgress && now < req->deadline_ns) {
+      if (send) st->held_send[req->peer] = 1;
+      else if (any) held_any_src = held_any = 1;
+      else st->held_recv[req->peer] = held_any = 1;
+      continue;
+    }
+    listRemove(&st->waiting, req);
+    if (res == mcclSuccess) {
+      if (send) postSend(comm, req);
+      else postRecv(comm, req);
+      continue;
+    }
+    char msg[200];
+    snprintf(msg, sizeof(msg), "the device work that writes the %s buffer %s", send ? "send" : "recv",
+             res == mcclInProgress ? "had not finished when the timeout passed" : "failed");
+    finish(req, res == mcclInProgress ? mcclTimeout : res, msg);
+  }
+}
+
 /* Start of every progress round: post what callers submitted, retire finished sends, time out
  * receives nobody sent to, and fail the round when a message in flight passes its deadline. */
 static mcclResult_t p2pRound(void* ctx) {
@@ -209,12 +248,11 @@ static mcclResult_t p2pRound(void* ctx) {
   while (fresh != NULL) {
     struct mcclRequest* req = fresh;
     fresh = fresh->next;
-    req->next = NULL;
     req->deadline_ns = mcclDeadlineNs(req->timeout_ms);
-    if (req->op.coll == MCCL_COLL_SEND) postSend(comm, req);
-    else postRecv(comm, req);
+    listAppend(&st->waiting, req);
   }
   int64_t now = mcclNowNs();
+  postReady(comm, now);
   for (struct mcclRequest *req = st->active, *next; req != NULL; req = next) {
     next = req->next;
     if (req->op.coll != MCCL_COLL_SEND) continue;
@@ -381,8 +419,11 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm) {
   st->posted_from = calloc(n, sizeof(int));
   st->cur_frame = calloc(n, sizeof(mcclFrame));
   st->cur_next = calloc(n, sizeof(uint64_t));
+  st->held_send = calloc(n, 1);
+  st->held_recv = calloc(n, 1);
   comm->p2p = st;
-  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from || !st->cur_frame || !st->cur_next)
+  if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from || !st->cur_frame || !st->cur_next ||
+      !st->held_send || !st->held_recv)
     return mcclSystemError;
   comm->tp.p2p = (mcclP2pHooks){comm, p2pArrive, p2pLanded, p2pWanted, p2pRound};
   return mcclSuccess;
@@ -390,8 +431,10 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm) {
 
 int mcclP2pBusy(struct mcclComm* comm) {
   struct mcclP2pState* st = comm->p2p;
-  return comm->p2p_new_head != NULL || st->recvs != NULL || st->active != NULL;
+  return comm->p2p_new_head != NULL || st->waiting != NULL || st->recvs != NULL || st->active != NULL;
 }
+
+int mcclP2pWaiting(struct mcclComm* comm) { return comm->p2p != NULL && comm->p2p->waiting != NULL; }
 
 void mcclP2pFailAll(struct mcclComm* comm, mcclResult_t res, const char* msg) {
   struct mcclP2pState* st = comm->p2p;
@@ -400,9 +443,9 @@ void mcclP2pFailAll(struct mcclComm* comm, mcclResult_t res, const char* msg) {
   struct mcclRequest* fresh = comm->p2p_new_head;
   comm->p2p_new_head = comm->p2p_new_tail = NULL;
   pthread_mutex_unlock(&comm->qlock);
-  struct mcclRequest* lists[3] = {fresh, st->recvs, st->active};
-  st->recvs = st->active = NULL;
-  for (int k = 0; k < 3; k++)
+  struct mcclRequest* lists[4] = {fresh, st->waiting, st->recvs, st->active};
+  st->waiting = st->recvs = st->active = NULL;
+  for (int k = 0; k < 4; k++)
     for (struct mcclRequest *req = lists[k], *next; req != NULL; req = next) {
       next = req->next;
       finish(req, res, msg);
@@ -427,6 +470,8 @@ void mcclP2pFree(struct mcclComm* comm) {
   free(st->posted_from);
   free(st->cur_frame);
   free(st->cur_next);
+  free(st->held_send);
+  free(st->held_recv);
   free(st);
   comm->p2p = NULL;
 }
