@@ -20,9 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/debug.h"
+#include "core/platform.h"
 #include "mccl.h"
 #include "transport/socket.h"
 #include "transport/wire.h"
@@ -90,7 +92,7 @@ static kvEntry* kvPut(mcclTcpStoreServer_t* s, const char* key, const uint8_t* v
 static int writeAll(int fd, const void* buf, size_t len) {
   const char* p = buf;
   while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    ssize_t n = send(fd, p, len, MCCL_MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       struct pollfd pf = {fd, POLLOUT, 0};
@@ -270,7 +272,7 @@ MCCL_API mcclResult_t mcclTcpStoreServe(mcclTcpStoreServer_t* s, int expected_cl
       }
     }
     if (pfds[0].revents & POLLIN) {
-      int fd = accept(s->listen_fd, NULL, NULL);
+      int fd = mcclSocketAccept(s->listen_fd, NULL, NULL);
       if (fd >= 0) {
         int one = 1; /* answers are small; do not let them wait for the client's ACK */
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -437,7 +439,7 @@ MCCL_API mcclResult_t mcclTcpStoreConnect(const char* host, int port, int64_t ti
   }
   int64_t deadline = mcclDeadlineNs(timeout_ms);
   for (;;) {
-    int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = mcclSocketOpen(addr.sa.sa_family);
     if (fd < 0) return mcclSystemError;
     if (connect(fd, &addr.sa, mcclSockaddrLen(&addr)) == 0) {
       int one = 1; /* requests are small and each waits for its answer */
@@ -459,7 +461,8 @@ MCCL_API mcclResult_t mcclTcpStoreConnect(const char* host, int port, int64_t ti
       mcclSetThreadError("mcclTcpStoreConnect: cannot reach the store at %s: %s", text, strerror(err));
       return mcclTimeout;
     }
-    usleep(20000);
+    struct timespec pause = {0, 20 * 1000000L}; /* 20 ms between attempts */
+    nanosleep(&pause, NULL);
   }
 }
 

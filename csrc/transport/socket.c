@@ -15,6 +15,7 @@
 
 #include "core/debug.h"
 #include "core/param.h"
+#include "core/platform.h"
 
 socklen_t mcclSockaddrLen(const mcclSockaddr* addr) {
   return addr->sa.sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
@@ -175,26 +176,84 @@ mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, cha
   return mcclSuccess;
 }
 
+/* SO_NOSIGPIPE where it exists (macOS: writes to a closed peer then fail with EPIPE instead of
+ * raising SIGPIPE, which MCCL_MSG_NOSIGNAL cannot do there). 0, or -1 with errno. */
+static int noSigpipe(int fd) {
+#ifdef SO_NOSIGPIPE
+  int one = 1;
+  return setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
+#else
+  (void)fd;
+  return 0;
+#endif
+}
+
 int mcclSocketTune(int fd) {
   int one = 1;
   int flags = fcntl(fd, F_GETFL, 0);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
   if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
+  if (noSigpipe(fd) != 0) return -1; /* before TCP_NODELAY: a socketpair gets it too */
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) return -1;
   int bufsize = (int)mcclParamInt("MCCL_SOCKET_BUFSIZE");
   if (bufsize > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof(bufsize));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof(bufsize));
   }
-#ifdef SO_NOSIGPIPE
-  setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
-#endif
   return 0;
+}
+
+int mcclSocketOpen(int family) {
+#if MCCL_HAVE_SOCK_CLOEXEC
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+#else
+  int fd = socket(family, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+#endif
+  if (noSigpipe(fd) != 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+int mcclSocketAccept(int listen_fd, struct sockaddr* from, socklen_t* fromlen) {
+#if MCCL_HAVE_ACCEPT4
+  int fd = accept4(listen_fd, from, fromlen, SOCK_CLOEXEC);
+  if (fd < 0) return -1;
+#else
+  int fd = accept(listen_fd, from, fromlen);
+  if (fd < 0) return -1;
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 || flags < 0 ||
+      ((flags & O_NONBLOCK) && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0)) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+#endif
+  if (noSigpipe(fd) != 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
 }
 
 mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
   char text[MCCL_ADDR_STRLEN];
-  int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = mcclSocketOpen(addr->sa.sa_family);
   if (fd < 0) {
     mcclSetThreadError("socket() failed: %s", strerror(errno));
     return mcclSystemError;

@@ -38,8 +38,22 @@ socklen_t mcclSockaddrLen(const mcclSockaddr* addr);
 mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, char* ifname,
                                   size_t ifname_cap);
 
-/* O_NONBLOCK, TCP_NODELAY, close-on-exec, and MCCL_SOCKET_BUFSIZE when set. Returns 0 or -1. */
+/* O_NONBLOCK, close-on-exec, SO_NOSIGPIPE where it exists (core/platform.h), TCP_NODELAY, and
+ * MCCL_SOCKET_BUFSIZE when set. Returns 0 or -1. A socket that is not TCP (a socketpair) fails
+ * at TCP_NODELAY with the options before it set. */
 int mcclSocketTune(int fd);
+
+/* A new TCP socket of `family` (AF_INET or AF_INET6), blocking, close-on-exec from the start
+ * where the system allows it (SOCK_CLOEXEC), with SO_NOSIGPIPE where it exists. Every stream
+ * socket the library creates comes from here or from mcclSocketAccept. Returns the descriptor,
+ * or -1 with errno set. */
+int mcclSocketOpen(int family);
+
+/* accept() on `listen_fd` (from/fromlen as for accept, may be NULL): the new socket is blocking
+ * (as on Linux, also where it would inherit the listening socket's O_NONBLOCK, as on macOS),
+ * close-on-exec (accept4 where available) and has SO_NOSIGPIPE where it exists. Returns the
+ * descriptor, or -1 with errno set (EAGAIN: none waiting on a non-blocking listener). */
+int mcclSocketAccept(int listen_fd, struct sockaddr* from, socklen_t* fromlen);
 
 /* A listening socket bound to `addr` (port 0 picks one); writes the bound address back. */
 mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* fd);

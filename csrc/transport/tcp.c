@@ -12,10 +12,7 @@
 #include <unistd.h>
 
 #include "core/debug.h"
-
-#ifndef MSG_NOSIGNAL
-#define MSG_NOSIGNAL 0 /* macOS: SO_NOSIGPIPE is set on the socket instead */
-#endif
+#include "core/platform.h"
 
 /* ---- connection setup ------------------------------------------------------------------- */
 
@@ -79,7 +76,7 @@ static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int
 static int dial(mcclPending* p, const char* addr_text) {
   mcclSockaddr addr;
   if (mcclSockaddrParse(addr_text, &addr) != 0) return -1;
-  int fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = mcclSocketOpen(addr.sa.sa_family);
   if (fd < 0) return -1;
   if (mcclSocketTune(fd) != 0) { close(fd); return -1; }
   int rc = connect(fd, &addr.sa, mcclSockaddrLen(&addr));
@@ -219,7 +216,7 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
       for (;;) {
         mcclSockaddr from;
         socklen_t fromlen = sizeof(from.ss);
-        int fd = accept(listen_fd, &from.sa, &fromlen);
+        int fd = mcclSocketAccept(listen_fd, &from.sa, &fromlen);
         if (fd < 0) break;
         int slot = -1, oldest = -1;
         for (int i = nranks; i < npend_cap && slot < 0; i++) {
@@ -269,7 +266,7 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
         p->done = 0;
       }
       if (p->state == PEND_SEND) {
-        ssize_t w = send(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, MSG_NOSIGNAL);
+        ssize_t w = send(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, MCCL_MSG_NOSIGNAL);
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
         if (w <= 0) {
           reject = strerror(errno);
@@ -425,7 +422,7 @@ static ssize_t frameWrite(int fd, mcclXfer* x) {
   memset(&msg, 0, sizeof(msg));
   msg.msg_iov = iov;
   msg.msg_iovlen = (size_t)niov;
-  return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return sendmsg(fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /* With a sender thread, a frame smaller than this that finds its queue empty is written by the
@@ -980,7 +977,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
       memset(&msg, 0, sizeof(msg));
       msg.msg_iov = iov;
       msg.msg_iovlen = 2;
-      ssize_t ignored = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t ignored = sendmsg(c->fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)ignored;
     }
     shutdown(c->fd, SHUT_WR); /* FIN after the ABORT frame: peers blocked on us fail now */
