@@ -16,15 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__linux__)
-#include <sys/random.h>
-#endif
 
 #include "core/comm.h"
 #include "core/debug.h"
 #include "core/host.h"
 #include "core/param.h"
+#include "core/platform.h"
 #include "transport/socket.h"
+
+#if MCCL_HAVE_GETRANDOM
+#include <sys/random.h>
+#endif
 
 void mcclCommConfigInit(mcclCommConfig_t* config) {
   if (config == NULL) {
@@ -47,7 +49,7 @@ static uint64_t fnv1a(const char* s) {
 }
 
 static int randomBytes(uint8_t* out, size_t n) {
-#if defined(__linux__)
+#if MCCL_HAVE_GETRANDOM
   size_t got = 0;
   while (got < n) {
     ssize_t r = getrandom(out + got, n - got, 0);

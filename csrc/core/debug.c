@@ -2,15 +2,20 @@
 #include "core/debug.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/param.h"
+#include "core/platform.h"
+
+#if MCCL_HAVE_GETTID
+#include <sys/syscall.h>
+#endif
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static mcclLogLevel log_level = MCCL_LOG_WARN;
@@ -44,6 +49,18 @@ static void logInit(void) {
   if (log_level >= MCCL_LOG_INFO) mcclParamLogAll();
 }
 
+/* The thread id a log line shows (core/platform.h: MCCL_HAVE_GETTID). */
+#if MCCL_HAVE_GETTID
+static long logThreadId(void) { return (long)syscall(SYS_gettid); }
+#else
+static atomic_long log_threads;
+static _Thread_local long log_thread_id;
+static long logThreadId(void) {
+  if (log_thread_id == 0) log_thread_id = atomic_fetch_add(&log_threads, 1) + 1;
+  return log_thread_id;
+}
+#endif
+
 mcclLogLevel mcclLogLevelGet(void) {
   pthread_once(&log_once, logInit);
   return log_level;
@@ -58,7 +75,7 @@ void mcclLog(mcclLogLevel level, mcclSubsys sub, const char* file, int line, con
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  fprintf(stderr, "%s:%d:%ld MCCL %s %s:%d %s\n", log_host, (int)getpid(), (long)syscall(SYS_gettid),
+  fprintf(stderr, "%s:%d:%ld MCCL %s %s:%d %s\n", log_host, (int)getpid(), logThreadId(),
           names[level], base ? base + 1 : file, line, msg);
 }
 
@@ -92,15 +109,17 @@ void mcclSetThreadError(const char* fmt, ...) {
 const char* mcclThreadError(void) { return thread_error; }
 
 void mcclThreadSetName(const char* name) {
-#if defined(__APPLE__)
+#if MCCL_HAVE_SETNAME_OF
+  pthread_setname_np(pthread_self(), name);
+#elif MCCL_HAVE_SETNAME_SELF
   pthread_setname_np(name); /* macOS names only the calling thread */
 #else
-  pthread_setname_np(pthread_self(), name);
+  (void)name;
 #endif
 }
 
 void mcclThreadSetNameOf(pthread_t thread, const char* name) {
-#if defined(__linux__)
+#if MCCL_HAVE_SETNAME_OF
   pthread_setname_np(thread, name);
 #else
   (void)thread;

@@ -72,8 +72,8 @@ const char* mcclThreadError(void);
  * where the benchmarks find each thread's CPU time). Best effort. */
 void mcclThreadSetName(const char* name);
 /* Name a thread the caller has just started, so that it carries the name as soon as the caller
- * returns (a benchmark that looks right after init finds it). Linux only; elsewhere the new
- * thread's own mcclThreadSetName call is what names it. */
+ * returns (a benchmark that looks right after init finds it). Linux only (core/platform.h:
+ * MCCL_HAVE_SETNAME_OF); elsewhere the new thread's own mcclThreadSetName call is what names it. */
 void mcclThreadSetNameOf(pthread_t thread, const char* name);
 
 /* Monotonic clock in nanoseconds. */

@@ -1,15 +1,19 @@
 /*
  * host.c: a rank's host description (core/host.h) and the conclusions drawn from the others'.
  */
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__linux__)
-#include <sys/stat.h>
-#endif
 
 #include "core/host.h"
+#include "core/platform.h"
+
+#if MCCL_HAVE_AFFINITY
+#include <sched.h>
+#endif
+#if MCCL_HAVE_PROCFS
+#include <sys/stat.h>
+#endif
 
 typedef struct {
   char machine[80];
@@ -46,7 +50,7 @@ static int parse(const char* s, hostFields* f) {
 
 void mcclHostDescribe(char* out, size_t cap) {
   char machine[80] = "", netns[24] = "-";
-#if defined(__linux__)
+#if MCCL_HAVE_PROCFS
   FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f != NULL) {
     if (fgets(machine, sizeof(machine), f) == NULL) machine[0] = '\0';
@@ -64,7 +68,7 @@ void mcclHostDescribe(char* out, size_t cap) {
 
   uint8_t cpus[MCCL_HOST_MAX_CPUS / 8] = {0};
   int known = 0;
-#if defined(__linux__)
+#if MCCL_HAVE_AFFINITY
   /* A mask as wide as the kernel's (a cpu_set_t holds 1024 CPUs; the call fails on machines
    * configured for more), of which the first MCCL_HOST_MAX_CPUS are kept. */
   const int widest = 16384;

@@ -5,7 +5,9 @@
  *   <machine> <netns> <cpus>
  *   machine  the kernel's boot id on Linux (/proc/sys/kernel/random/boot_id: network namespaces
  *            and containers on one machine share it), else (or when it cannot be read) the host
- *            name, "unknown" without one; host names need not be unique, boot ids are
+ *            name, "unknown" without one; host names need not be unique, boot ids are. "On
+ *            Linux" means the Linux build here (core/platform.h: MCCL_HAVE_PROCFS,
+ *            MCCL_HAVE_AFFINITY); the portable build (macOS, `make posix-check`) takes "elsewhere"
  *   netns    the inode of /proc/self/ns/net on Linux ("-" elsewhere): ranks with the same
  *            machine and netns reach each other's loopback addresses
  *   cpus     the CPUs this process may run on (its affinity mask on Linux, every online CPU
