@@ -47,6 +47,11 @@ uint64_t harnessRandom(uint64_t* state) {
   return z ^ (z >> 31);
 }
 
+void harnessSleepUs(uint64_t us) {
+  struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
 void harnessReport(uint64_t digest) {
   if (report_fd < 0) return;
   ssize_t n = write(report_fd, &digest, sizeof(digest));
@@ -156,7 +161,7 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg) {
       failed = 1;
       break;
     }
-    usleep(2000);
+    harnessSleepUs(2000);
   }
   mcclTcpStoreStop(server);
   pthread_join(server_thread, NULL);

@@ -50,6 +50,10 @@ uint64_t harnessDigest(const void* data, size_t bytes);
 /* A deterministic pseudo-random generator (splitmix64) so each rank can build its inputs. */
 uint64_t harnessRandom(uint64_t* state);
 
+/* Sleep for `us` microseconds (nanosleep: usleep is not in POSIX.1-2008, which `make
+ * posix-check` builds against). A signal may cut the sleep short. */
+void harnessSleepUs(uint64_t us);
+
 /* Fork `nranks` children; child r calls fn(rank, nranks, &store, arg) with a connected client of
  * the parent's TCP store and exits with fn's return value (0 = pass). The child may report a
  * digest with harnessReport(); the parent checks that every child reported the same digests in

@@ -96,7 +96,7 @@ static void fillInput(void* buf, mcclDataType_t dt, mcclRedOp_t op, int r, size_
 
 static int quick; /* MCCL_TEST_QUICK: smaller buffers and worlds (see the top of the file) */
 
-static void skew(uint64_t* rng) { usleep((useconds_t)(harnessRandom(rng) % 3000)); }
+static void skew(uint64_t* rng) { harnessSleepUs(harnessRandom(rng) % 3000); }
 
 static const mcclRedOp_t kOps[] = {mcclSum, mcclProd, mcclMax, mcclMin, mcclAvg};
 static const mcclDataType_t kTypes[] = {mcclInt8, mcclUint8, mcclInt32, mcclInt64, mcclFloat16,

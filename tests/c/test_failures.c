@@ -68,7 +68,7 @@ static int stalled(int r, int n, mcclStore_t* store, void* arg) {
   mcclComm_t comm = harnessCommInit(r, n, store);
   if (comm == NULL) return 1;
   float buf[16] = {0};
-  if (r == 1) usleep(2000000);
+  if (r == 1) harnessSleepUs(2000000);
   mcclOpOptions_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = 300;
@@ -120,7 +120,7 @@ typedef struct {
 } abortArg;
 
 static void* abortLater(void* p) {
-  usleep(200000);
+  harnessSleepUs(200000);
   mcclCommAbort(((abortArg*)p)->comm);
   return NULL;
 }
@@ -131,7 +131,7 @@ static int aborts(int r, int n, mcclStore_t* store, void* arg) {
   mcclComm_t comm = harnessCommInit(r, n, store);
   if (comm == NULL) return 1;
   if (r == 1) {
-    usleep(1500000);
+    harnessSleepUs(1500000);
     mcclCommDestroy(comm);
     return 0;
   }

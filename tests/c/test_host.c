@@ -3,12 +3,16 @@
  * ranks share a loopback, and which share this rank's CPUs (the sender thread's default rests on
  * that count: csrc/core/comm.c).
  */
-#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/host.h"
+#include "core/platform.h"
 #include "harness.h"
+
+#if MCCL_HAVE_AFFINITY
+#include <sched.h>
+#endif
 
 static int cpusOf(const char* self) {
   mcclCpuShare s;
@@ -21,11 +25,16 @@ static void testOwnDescription(void) {
   mcclHostDescribe(me, sizeof(me));
   EXPECT(mcclHostSameLoopback(me, me), "own description '%s' does not parse", me);
   int want = (int)sysconf(_SC_NPROCESSORS_ONLN);
-#if defined(__linux__)
+#if MCCL_HAVE_AFFINITY
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) want = CPU_COUNT(&set);
 #endif
   EXPECT(cpusOf(me) == want, "'%s' holds %d CPUs, the affinity mask %d", me, cpusOf(me), want);
+#if !MCCL_HAVE_PROCFS
+  /* The portable build (macOS, make posix-check) names no network namespace. */
+  const char* ns = strchr(me, ' ');
+  EXPECT(ns != NULL && strncmp(ns, " - ", 3) == 0, "portable build: netns of '%s' is not '-'", me);
+#endif
   /* A child in another network namespace would differ in the second field only: emulate it. */
   char other_ns[MCCL_HOST_STRLEN];
   const char* sp = strchr(me, ' ');

@@ -32,7 +32,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     float f = 1;
     EXPECT_OK(comm, mcclAllReduce(&f, &f, 1, mcclFloat32, mcclSum, comm, NULL, NULL));
     EXPECT(f == (float)n, "all-reduce between p2p: %g", f);
-    usleep(20000 * (useconds_t)r); /* receives posted late: the messages were parked */
+    harnessSleepUs(20000 * (uint64_t)r); /* receives posted late: the messages were parked */
     for (int k = 0; k <= left; k++) {
       size_t count = k == left ? big : (size_t)(k * 100 + 1);
       int32_t* buf = malloc(count * 4);
