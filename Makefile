@@ -1,8 +1,10 @@
 # MCCL build. `make` builds the C library (no PyTorch needed); `make ctest` builds and runs the C
 # tests, each in its own process under a deadline; `make train` / `make test` are the README's two
 # commands (they create .venv, install everything and build the PyTorch extension first).
-# `make asan`, `make tsan` and `make fuzz-smoke` run the C suite under sanitizers and the fuzzers
-# for a short while (docs/FUZZING.md); `make ci` is `make test` plus those three (.ci/run).
+# `make posix-check` rebuilds the library without _GNU_SOURCE (the portable branches that macOS
+# compiles: csrc/core/platform.h) and runs a few C tests against it. `make asan`, `make tsan` and
+# `make fuzz-smoke` run the C suite under sanitizers and the fuzzers for a short while
+# (docs/FUZZING.md); `make ci` is `make test` plus those four (.ci/run).
 CC      ?= cc
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -10,7 +12,10 @@ BUILD   ?= build
 OPT     ?= -O3
 SAN     ?=
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wpointer-arith -Wstrict-prototypes -Wno-format-truncation
-CFLAGS  += -std=c11 $(OPT) -g -fPIC -fvisibility=hidden $(WARN) -D_GNU_SOURCE \
+# Feature-test macros: the Linux build (csrc/core/platform.h); posix-check replaces them.
+FEATURES ?= -D_GNU_SOURCE
+STRICT  ?=
+CFLAGS  += -std=c11 $(OPT) -g -fPIC -fvisibility=hidden $(WARN) $(STRICT) $(FEATURES) \
            -DMCCL_BUILDING_LIBRARY -Iinclude -Icsrc -pthread $(SAN)
 LDLIBS  += -pthread -lm
 
@@ -20,7 +25,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(BUILD)/tests/%)
 TEST_COMMON := tests/c/harness.c
 
-.PHONY: all lib ctest check-noabort clean venv install train test asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci
+.PHONY: all lib ctest check-noabort clean venv install train test posix-check asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci
 all: lib
 lib: $(BUILD)/libmccl.a $(BUILD)/libmccl.so
 
@@ -60,7 +65,35 @@ check-noabort: $(BUILD)/libmccl.a
 	tests/c/check_noabort.sh $(BUILD)/libmccl.a
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
+	rm -rf $(BUILD) build-posix build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
+
+# ---- strict POSIX build (macOS readiness: csrc/core/platform.h) ---------------------------------
+# Every csrc/*/*.c compiled once more as C11 + POSIX.1-2008 only (no _GNU_SOURCE), which selects
+# the portable branch of every MCCL_HAVE_* decision, the one macOS compiles; any call that only
+# glibc's GNU or BSD extensions declare is then an implicit declaration, and an error here, as is
+# a misspelt MCCL_HAVE_* (-Wundef). The C tests below are built the same way and run against that
+# library (MCCL_TEST_QUICK=1), so the portable branches are proven to work, not only to compile;
+# test_collectives and test_p2p run once with the sender thread and once without. Before that,
+# the strict library must not call any of POSIX_LINUX_ONLY (glibc declares some of them even
+# without _GNU_SOURCE, so only the symbol table shows that a Linux branch was left unguarded;
+# __sched_cpu* are CPU_ALLOC, CPU_COUNT_S and CPU_FREE).
+POSIX_BUILD    := build-posix
+POSIX_FEATURES := -D_POSIX_C_SOURCE=200809L
+POSIX_STRICT   := -Werror=implicit-function-declaration -Werror=implicit-int -Werror=undef
+POSIX_TESTS    := test_host test_collectives test_failures test_p2p
+POSIX_INLINE   := test_collectives test_p2p
+POSIX_LINUX_ONLY := accept4 pipe2 sched_getaffinity __sched_cpualloc __sched_cpucount __sched_cpufree \
+                    getrandom syscall pthread_setname_np 'epoll_[a-z_]*' eventfd memrchr strchrnul usleep
+
+posix-check:
+	$(MAKE) --no-print-directory BUILD=$(POSIX_BUILD) OPT=-O2 FEATURES='$(POSIX_FEATURES)' \
+	  STRICT='$(POSIX_STRICT)' $(POSIX_BUILD)/libmccl.a $(POSIX_TESTS:%=$(POSIX_BUILD)/tests/%)
+	@if nm -u $(POSIX_BUILD)/libmccl.a | grep -w $(POSIX_LINUX_ONLY:%=-e %); then \
+	  echo "posix-check: the strict library calls the Linux-only functions above (csrc/core/platform.h)"; exit 1; fi
+	@echo "posix-check: the strict library calls none of the Linux-only functions"
+	@echo "C tests against the strict POSIX library (test_failures' MCCL WARN lines are expected)"
+	MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(POSIX_TESTS:%=$(POSIX_BUILD)/tests/%)
+	MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 MCCL_SEND_THREAD=0 tests/c/run_tests.sh $(POSIX_INLINE:%=$(POSIX_BUILD)/tests/%)
 
 # ---- sanitizers (docs/FUZZING.md) ---------------------------------------------------------------
 # The library and every C test rebuilt in a directory of its own, then the whole C suite run; any
@@ -142,12 +175,14 @@ train: install
 test: install ctest
 	$(VENV)/bin/python -m pytest -q tests/python
 
-# What CI runs (.ci/run): the README's test command, then the C suite under ASan+UBSan and TSan,
-# then a short fuzz run, one after another (timing-sensitive tests must not share the CPU with a
-# build); each sanitizer build compiles with CI_JOBS.
+# What CI runs (.ci/run): the README's test command, then the strict POSIX build and its tests,
+# then the C suite under ASan+UBSan and TSan, then a short fuzz run, one after another
+# (timing-sensitive tests must not share the CPU with a build); each of those builds compiles
+# with CI_JOBS.
 CI_JOBS ?= -j2
 ci:
 	@t=$$(date +%s); $(MAKE) test && echo "ci: make test passed in $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(MAKE) $(CI_JOBS) posix-check && echo "ci: make posix-check passed in $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); $(MAKE) $(CI_JOBS) asan && echo "ci: make asan passed in $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); $(MAKE) $(CI_JOBS) tsan && echo "ci: make tsan passed in $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); $(MAKE) $(CI_JOBS) fuzz-smoke && echo "ci: make fuzz-smoke passed in $$(( $$(date +%s) - t )) s"
