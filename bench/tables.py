@@ -54,8 +54,8 @@ def main() -> None:
                 m, g = by.get("mccl"), by.get("gloo")
                 cell = lambda r, k, f: (f % r[k]) if r and r.get(k) is not None else "-"
                 pct = lambda r: f"{r['busbw'] / gp * 100:.1f}" if r and gp else "-"
-                ratio = f"{m['busbw'] / g['busbw']:.2f}" if m and g and g["busbw"] else "-"
-                wrong = sum(r["wrong"] for r in by.values())
+                ratio = f"{m['busbw'] / g['busbw']:.2f}" if m and g and m.get("busbw") and g.get("busbw") else "-"
+                wrong = sum(r.get("wrong", 0) for r in by.values())  # error/unsupported rows have none
                 print(f"| {human(size)} | {cell(m, 'time_us', '%.1f')} | {cell(m, 'busbw', '%.3f')} | {pct(m)} | "
                       f"{cell(g, 'time_us', '%.1f')} | {cell(g, 'busbw', '%.3f')} | {pct(g)} | {ratio} | {wrong} | "
                       f"{cell(m, 'cpu_engine_pct', '%.0f')} | {cell(m, 'rss_extra_mib', '%.1f')} |")
@@ -81,7 +81,7 @@ def ratios(paths: list[str], keep: set[str]) -> None:
         cells = []
         for c in cols:
             m, g = by_size.get(c, {}).get("mccl"), by_size.get(c, {}).get("gloo")
-            cells.append(f"{m['busbw'] / g['busbw']:.2f}" if m and g and g["busbw"] else "-")
+            cells.append(f"{m['busbw'] / g['busbw']:.2f}" if m and g and m.get("busbw") and g.get("busbw") else "-")
         src = " + ".join("/".join(p.split("/")[-2:]) for p in path.split("+"))
         print(f"| {op} | {n} | " + " | ".join(cells) + f" | {src} |")
 

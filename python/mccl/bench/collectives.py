@@ -25,12 +25,21 @@ For each (collective, size, backend) a rank runs, in order:
 ``--skew-ms N`` delays rank ``--skew-rank`` by a random 0..N ms before every warm-up and timed
 iteration, so its neighbours run ahead (the parking/credits memory test); times then include the
 delays.
+
+``--device cuda`` puts the tensors under test on the GPU (rank r on CUDA device
+LOCAL_RANK % device_count, so ranks may share one): the check pass copies each output to the CPU
+to compare it, and every timed iteration ends with ``torch.cuda.synchronize()``, so its time runs
+until the result is usable on the device (a backend whose call returns before the data is there,
+ordered on the stream, is charged for the whole transfer). Where a backend other than mccl
+refuses a collective on CUDA tensors (gloo has no CUDA reduce-scatter, for one) the row says
+``unsupported`` instead of failing the run; mccl refusing one is an error.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import re
 import statistics
 import time
 import warnings
@@ -53,6 +62,23 @@ EXACT_LIMIT = {torch.float32: 2 ** 24, torch.float64: 2 ** 53, torch.float16: 2 
                torch.int32: 2 ** 31 - 1, torch.int64: 2 ** 63 - 1, torch.int8: 127, torch.uint8: 255}
 REDOPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 CHECK_CHUNK = 1 << 20  # elements per step of the check pass (bounds its temporary memory)
+#: What torch's backends say when they refuse a collective for a device type or dtype (gloo:
+#: "ProcessGroupGloo::reduce_scatter: unsupported device type cuda"; c10d: "No backend type
+#: associated with device type cuda"; ...).
+REFUSAL = re.compile(r"unsupported|not supported|does not support|not implemented|no backend type associated|"
+                     r"only supports", re.IGNORECASE)
+
+
+class Unsupported(Exception):
+    """The backend refused the collective when it was called (before any byte moved)."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The first line of ``exc`` when it reads as a backend refusing the call, else None."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, NotImplementedError) or REFUSAL.search(text):
+        return text or type(exc).__name__
+    return None
 
 
 @dataclass(frozen=True)
@@ -127,9 +153,10 @@ def pattern(source: int, start: int, length: int, modulus: int, dtype: torch.dty
 
 
 def fill_pattern(t: torch.Tensor, source: int, modulus: int) -> None:
+    """Writes :func:`pattern` into ``t`` (on any device) chunk by chunk."""
     for i in range(0, t.numel(), CHECK_CHUNK):
         k = min(CHECK_CHUNK, t.numel() - i)
-        t[i:i + k] = pattern(source, i, k, modulus, t.dtype)
+        t[i:i + k].copy_(pattern(source, i, k, modulus, t.dtype))
 
 
 def _reduce(a: torch.Tensor, b: torch.Tensor, redop: str) -> torch.Tensor:
@@ -140,7 +167,8 @@ def _reduce(a: torch.Tensor, b: torch.Tensor, redop: str) -> torch.Tensor:
 
 def count_wrong(coll: Collective, result: torch.Tensor, rank: int, n: int, count: int, root: int, redop: str,
                 modulus: int) -> int:
-    """Elements of ``result`` (this rank's output) that differ from the exact expectation."""
+    """Elements of ``result`` (this rank's output, on any device) that differ from the exact
+    expectation; the comparison runs on the CPU, chunk by chunk."""
     wrong = 0
     for out_off, length, sources in coll.expected(rank, n, count, root):
         for i in range(0, length, CHECK_CHUNK):
@@ -149,16 +177,24 @@ def count_wrong(coll: Collective, result: torch.Tensor, rank: int, n: int, count
             for src, src_off in sources:
                 part = pattern(src, src_off + i, k, modulus, result.dtype)
                 want = part if want is None else _reduce(want, part, redop)
-            wrong += int((result[out_off + i:out_off + i + k] != want).sum())
+            wrong += int((result[out_off + i:out_off + i + k].cpu() != want).sum())
     return wrong
 
 
 def check_pass(coll: Collective, group, inp, out, rank, n, count, root, redop: str) -> int:
+    """One exact call; returns this rank's #wrong. Raises :class:`Unsupported` when the backend
+    refuses the call itself (every rank refuses alike, so none waits for the others)."""
     modulus = pattern_modulus(inp.dtype, n, coll.reduces)
     fill_pattern(inp, rank, modulus)
     if out is not None:  # a value no result has, so an output the call never wrote shows
         out.fill_(255 if inp.dtype == torch.uint8 else -1)
-    run_op(coll, group, inp, out, REDOPS[redop], root)
+    try:
+        run_op(coll, group, inp, out, REDOPS[redop], root)
+    except Exception as exc:
+        if reason := refusal(exc):
+            raise Unsupported(reason) from exc
+        raise
+    runtime.sync(inp.device)
     return count_wrong(coll, inp if out is None else out, rank, n, count, root, redop, modulus)
 
 
@@ -215,6 +251,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=list(DTYPES), help="element type")
     g.add_argument("--op", dest="redop", default="sum", choices=list(REDOPS), help="reduction of all_reduce/reduce_scatter")
     g.add_argument("--root", type=int, default=0, help="broadcast root")
+    g.add_argument("--device", default="cpu", choices=list(runtime.DEVICES),
+                   help="where the tensors under test live (cuda: device LOCAL_RANK %% device_count; the check "
+                        "compares on the CPU, every timed iteration ends with torch.cuda.synchronize())")
     g = p.add_argument_group("iterations")
     g.add_argument("-w", "--warmup", type=_cli.int_at_least(0), default=3, help="untimed iterations before timing")
     g.add_argument("-n", "--iters", type=_cli.int_at_least(1), default=None,
@@ -243,8 +282,12 @@ def resolve_ops(text: str) -> list[Collective]:
     return ops
 
 
-def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size: int, args, rng: random.Random) -> dict:
-    """Check, warm up and time one (collective, size, backend); every rank returns the same row."""
+def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size: int, args, rng: random.Random,
+            dev: torch.device | None = None) -> dict:
+    """Check, warm up and time one (collective, size, backend) with tensors on ``dev`` (the CPU by
+    default); every rank returns the same row. A row has ``error`` when a rank failed,
+    ``unsupported`` when every rank's backend refused the call (see :func:`refusal`)."""
+    dev = dev or torch.device("cpu")
     n, rank = groups.world, groups.rank
     dtype = DTYPES[args.dtype]
     esize = torch.empty(0, dtype=dtype).element_size()
@@ -262,13 +305,13 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
     iters = iterations(args, row["size"])
     skew_rank = args.skew_rank % n
     delay = args.skew_ms > 0 and rank == skew_rank
-    error = None
+    error = unsupported = None
     local = {}
     inp = out = None
     try:
         runtime.trim_heap()
-        inp = torch.empty(n_in, dtype=dtype)
-        out = torch.empty(n_out, dtype=dtype) if n_out else None
+        inp = torch.empty(n_in, dtype=dtype, device=dev)
+        out = torch.empty(n_out, dtype=dtype, device=dev) if n_out else None
         wrong = check_pass(coll, group, inp, out, rank, n, count, args.root, args.redop)
         inp.zero_()
         if out is not None:
@@ -281,6 +324,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
             if delay:
                 time.sleep(rng.uniform(0, args.skew_ms) / 1000)
             run_op(coll, group, inp, out, redop, args.root)
+        runtime.sync(dev)
         dist.barrier(group=groups.control)
         probe = runtime.CpuProbe(backend)
         probe.start()
@@ -290,18 +334,26 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
             if delay:
                 time.sleep(rng.uniform(0, args.skew_ms) / 1000)
             run_op(coll, group, inp, out, redop, args.root)
+            runtime.sync(dev)  # the result is usable on the device from here
             t = time.perf_counter()
             times.append(t - t_prev)
             t_prev = t
         local = {"times": times, "wrong": wrong, "rss_before": rss_before, "rss_peak": runtime.peak_rss(),
                  "peak_reset": peak_reset, "tensor_bytes": inp.nbytes + (out.nbytes if out is not None else 0),
                  **probe.stop()}
+    except Unsupported as exc:
+        unsupported = str(exc)
     except Exception as exc:  # reported in the row; the other ranks report theirs
         error = f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
         del inp, out
-    parts = runtime.gather_objects({"error": error, **local}, groups)
+    parts = runtime.gather_objects({"error": error, "unsupported": unsupported, **local}, groups)
     errors = [p["error"] for p in parts if p["error"]]
+    refused = [p["unsupported"] for p in parts if p["unsupported"]]
+    if refused and len(refused) == len(parts) and not errors and backend != "mccl":
+        row["unsupported"] = f"{backend} refuses {coll.name} on {dev.type} {args.dtype} tensors: {refused[0]}"
+        return row
+    errors += [f"rank {i}: refused: {p['unsupported']}" for i, p in enumerate(parts) if p["unsupported"]]
     if errors:
         row["error"] = "; ".join(errors)
         return row
@@ -339,10 +391,12 @@ def main(args) -> int:
     backends = runtime.split_backends(args.backends)
     ops = resolve_ops(args.ops)
     sizes = size_list(args)
+    dev = runtime.rank_device(args.device)
     groups = runtime.init_groups(backends, args.pg_timeout)
     goodput = runtime.resolve_goodput(args, groups)
     meta = runtime.run_metadata(groups, backends)
     meta["goodput"] = goodput
+    meta.update(runtime.device_meta(dev, groups))
     rank0 = groups.rank == 0
     if rank0:
         report.print_header(meta, args)
@@ -351,7 +405,7 @@ def main(args) -> int:
     for coll in ops:
         for size in sizes:
             for backend in backends:
-                row = measure(coll, backend, groups.by_backend[backend], groups, size, args, rng)
+                row = measure(coll, backend, groups.by_backend[backend], groups, size, args, rng, dev)
                 if goodput and "busbw" in row:
                     row["busbw_pct_goodput"] = 100 * row["busbw"] * 1e9 * 8 / goodput["bits_per_s"]
                 rows.append(row)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import cluster
+from .runtime import device_line
 
 
 def console() -> Console:
@@ -29,6 +30,7 @@ def print_header(meta: dict, args) -> None:
              "# goodput: " + (f"{cluster.format_goodput(gp)}, {gp['how']}" if gp else
                               "not measured: one rank has no link to another" if getattr(args, "goodput", None) == "measure"
                               and meta["world_size"] < 2 else "not given (--goodput measure|RATE): no %goodput column")]
+    lines.append(device_line(meta))
     if meta["env"]:
         lines.append("# env: " + " ".join(f"{k}={v}" for k, v in sorted(meta["env"].items())))
     for b, note in meta["cpu_source"].items():
@@ -55,6 +57,9 @@ def print_progress_row(row: dict) -> None:
     """One nccl-tests-like line per finished (collective, size, backend), while the run goes on."""
     if "error" in row:
         print(f"{row['op']:>14} {row['backend']:>5} {row['size']:>12} ERROR {row['error']}", flush=True)
+        return
+    if "unsupported" in row:
+        print(f"{row['op']:>14} {row['backend']:>5} {row['size']:>12} unsupported: {row['unsupported']}", flush=True)
         return
     pct = f"{row['busbw_pct_goodput']:6.1f}%" if "busbw_pct_goodput" in row else ""
     print(f"{row['op']:>14} {row['backend']:>5} {row['size']:>12} {row['count']:>11} {row['type']:>8} "
@@ -93,6 +98,9 @@ def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
             cells = [str(first["size"]), str(first["count"]), first["type"], first["redop"], str(first["root"])]
             for b in backends:
                 r = by.get((size, b), {})
+                if "unsupported" in r:
+                    cells += ["unsupported", "", "", *([""] if has_gp else []), ""]
+                    continue
                 if "error" in r or not r:
                     cells += ["error", "", "", *([""] if has_gp else []), ""]
                     continue
@@ -120,7 +128,7 @@ def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
             for b in backends:
                 r = by.get((size, b), {})
                 if "time_us_mean" not in r:
-                    cells += [r.get("error", "-")[:40], "", "", "", ""]
+                    cells += [("unsupported" if "unsupported" in r else r.get("error", "-"))[:40], "", "", "", ""]
                     continue
                 cells += [f"{r['time_us_mean']:.1f}", str(r["iters"]), _cpu(r), f"{r['rss_peak_mib']:.0f}",
                           f"{r['rss_extra_mib']:.1f}"]
@@ -134,6 +142,12 @@ def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
                   f"rank that sends and receives at that rate pays at least about {cpu[0] + cpu[1]:.0f}% to move its "
                   f"bytes, before any work of its own (more for data that is not in cache, as a collective's tensors "
                   f"are not)")
+    refused = {}
+    for r in rows:
+        if "unsupported" in r:
+            refused.setdefault(r["unsupported"], []).append(r["size"])
+    for why, sizes in refused.items():
+        con.print(f"# unsupported ({len(sizes)} size(s), not counted as failures): {why}")
     errors = [r for r in rows if "error" in r]
     con.print(f"# #wrong total: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}"
               + (f"; {len(errors)} measurements failed" if errors else ""))

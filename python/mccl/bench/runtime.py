@@ -133,6 +133,85 @@ def gather_objects(obj, groups: Groups) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
+# Devices: where the tensors under test live
+# ---------------------------------------------------------------------------------------------
+
+DEVICES = ("cpu", "cuda")
+
+
+def device_unavailable(name: str) -> str | None:
+    """Why ``--device NAME`` cannot run in this process (one line), or None when it can."""
+    if name == "cpu":
+        return None
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return f"torch {torch.__version__} is built without CUDA; run with --device cpu or a CUDA build of torch"
+        return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: check the driver and "
+                f"CUDA_VISIBLE_DEVICES")
+    return None
+
+
+def rank_device(name: str):
+    """This rank's device as a ``torch.device``: the CPU, or CUDA device
+    ``LOCAL_RANK % torch.cuda.device_count()``, made the current device (so several ranks may
+    share one GPU, as in an emulated cluster with one GPU). SystemExit naming the problem when
+    the device is not there."""
+    import torch
+
+    if name == "cpu":
+        return torch.device("cpu")
+    if reason := device_unavailable(name):
+        raise SystemExit(f"mccl.bench: error: --device {name}: {reason}")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def sync(dev) -> None:
+    """Wait until every kernel queued on ``dev`` so far has finished (nothing to wait for on the
+    CPU): a timer stopped after this measures until results are usable on the device."""
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(dev)
+
+
+def device_meta(dev, groups: Groups) -> dict:
+    """What the JSON and the header say about the device: its type, and for CUDA its name, the
+    CUDA version, the TF32 switches and how many ranks share one GPU (every rank's GPU UUID,
+    gathered over the control group)."""
+    import torch
+
+    info: dict = {"device": dev.type}
+    ident = None
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        info.update({"device_index": dev.index, "device_name": props.name, "device_count": torch.cuda.device_count(),
+                     "device_mem_gib": props.total_memory / 2 ** 30, "cuda": torch.version.cuda,
+                     "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                     "tf32_cudnn": torch.backends.cudnn.allow_tf32})
+        ident = str(getattr(props, "uuid", "")) or f"{socket.gethostname()}:{dev.index}"
+    idents = gather_objects(ident, groups)
+    if dev.type == "cuda":
+        info["gpus_used"] = len(set(idents))
+        info["ranks_per_gpu_max"] = max(idents.count(i) for i in set(idents))
+    return {"device_info": info}
+
+
+def device_line(meta: dict) -> str:
+    """One header line about the device (from :func:`device_meta`)."""
+    d = meta.get("device_info") or {"device": meta.get("device", "cpu")}
+    if d["device"] != "cuda":
+        return f"# device: {d['device']} (tensors under test in host memory)"
+    return (f"# device: cuda:{d['device_index']} {d['device_name']} ({d['device_mem_gib']:.0f} GiB, CUDA {d['cuda']}), "
+            f"{meta.get('world_size', '?')} ranks on {d['gpus_used']} GPU(s), up to {d['ranks_per_gpu_max']} per GPU; "
+            f"TF32 matmul {'on' if d['tf32_matmul'] else 'off'}, cuDNN {'on' if d['tf32_cudnn'] else 'off'}; "
+            f"times end when the result is on the device (torch.cuda.synchronize)")
+
+
+# ---------------------------------------------------------------------------------------------
 # CPU and memory probes (Linux /proc; psutil elsewhere)
 # ---------------------------------------------------------------------------------------------
 
