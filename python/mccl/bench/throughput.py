@@ -13,6 +13,10 @@ the first hosts of ``--cluster``) and prints one table; under torchrun or
 
 Models (``--model``): ``mlp`` (``--depth`` linear layers of ``--width``, GELU), or ``convnet``, a
 GroupNorm ResNet on 3x32x32 inputs (the paper's convergence model, scaled by ``--width``/64).
+
+``--device cuda`` puts the model, its gradients (so DDP's buckets) and the data on the GPU (rank r
+on CUDA device LOCAL_RANK % device_count); every step ends with ``torch.cuda.synchronize()``, so
+the interval covers the device's work, not only its launch.
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="mlp: layer width; convnet: base channels x 64/64")
     g.add_argument("--depth", type=_cli.int_at_least(1), default=4, help="mlp: number of linear layers")
     g.add_argument("--batch", type=_cli.int_at_least(1), default=32, help="samples per rank per step")
+    g.add_argument("--device", default="cpu", choices=list(runtime.DEVICES),
+                   help="where the model, its gradients and the data live (cuda: device LOCAL_RANK %% device_count)")
     g.add_argument("--bucket-mb", type=_cli.number_at_least(0, above=True, what="size in MiB"), default=25.0,
                    help="DDP bucket_cap_mb")
     g.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="timed steps per backend")
@@ -88,14 +94,17 @@ def build_model(args) -> tuple[nn.Module, tuple[int, ...], int]:
     return nn.Sequential(*layers), (3, 32, 32), 10
 
 
-def measure(backend: str, groups: runtime.Groups, args) -> dict:
+def measure(backend: str, groups: runtime.Groups, args, dev: torch.device | None = None) -> dict:
+    dev = dev or torch.device("cpu")
     model, shape, classes = build_model(args)
     params = sum(p.numel() for p in model.parameters())
-    ddp = DistributedDataParallel(model, process_group=groups.by_backend[backend], bucket_cap_mb=args.bucket_mb)
+    model = model.to(dev)
+    ddp = DistributedDataParallel(model, process_group=groups.by_backend[backend], bucket_cap_mb=args.bucket_mb,
+                                  device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + groups.rank)
-    x = torch.randn(args.batch, *shape, generator=gen)
-    y = torch.randint(0, classes, (args.batch,), generator=gen)
+    x = torch.randn(args.batch, *shape, generator=gen).to(dev)
+    y = torch.randint(0, classes, (args.batch,), generator=gen).to(dev)
     step_times = []
 
     def step():
@@ -103,6 +112,7 @@ def measure(backend: str, groups: runtime.Groups, args) -> dict:
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
+        runtime.sync(dev)  # the step is done when its results are on the device
         step_times.append(time.perf_counter() - t0)
 
     for _ in range(args.warmup_steps):
@@ -115,7 +125,8 @@ def measure(backend: str, groups: runtime.Groups, args) -> dict:
     dist.barrier(group=groups.control)
     interval = time.perf_counter() - t0
     interval = max(runtime.gather_objects(interval, groups))
-    return {"backend": backend, "world_size": groups.world, "params": params, "grad_mib": params * 4 / 2 ** 20,
+    return {"backend": backend, "world_size": groups.world, "device": dev.type, "params": params,
+            "grad_mib": params * 4 / 2 ** 20,
             "samples_per_s": groups.world * args.batch * args.steps / interval, "interval_s": interval,
             "step_ms_median_rank0": statistics.median(step_times) * 1e3}
 
@@ -125,13 +136,15 @@ def main(args) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     torch.set_num_threads(args.threads)
     backends = runtime.split_backends(args.backends)
+    dev = runtime.rank_device(args.device)
     groups = runtime.init_groups(backends, args.pg_timeout)
     meta = runtime.run_metadata(groups, backends)
-    rows = [measure(b, groups, args) for b in backends]
+    meta.update(runtime.device_meta(dev, groups))
+    rows = [measure(b, groups, args, dev) for b in backends]
     if groups.rank == 0:
         for r in rows:
             print(f"# throughput {r['backend']}: {r['world_size']} ranks, {r['samples_per_s']:.1f} samples/s "
-                  f"({args.model}, {r['params'] / 1e6:.1f}M params, batch {args.batch}/rank)", flush=True)
+                  f"({args.model}, {r['params'] / 1e6:.1f}M params, batch {args.batch}/rank, {dev.type})", flush=True)
         if args.result_file:
             with open(args.result_file, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f)
@@ -189,7 +202,8 @@ def print_table(rows: list[dict], backends: list[str], args) -> None:
 
     from .report import console
 
-    t = Table(title=f"throughput: {args.model}, batch {args.batch}/rank, {args.steps} steps", title_justify="left")
+    t = Table(title=f"throughput: {args.model}, batch {args.batch}/rank, {args.steps} steps, {args.device}",
+              title_justify="left")
     t.add_column("ranks", justify="right")
     for b in backends:
         t.add_column(f"{b}\nsamples/s", justify="right")
@@ -225,7 +239,7 @@ def plot(rows: list[dict], backends: list[str], args, path: str) -> None:
                     label="linear from 1 rank" if b == backends[0] else None)
     ax.set_xlabel("ranks")
     ax.set_ylabel("samples / s")
-    ax.set_title(f"DDP throughput, {args.model}, batch {args.batch}/rank")
+    ax.set_title(f"DDP throughput, {args.model}, batch {args.batch}/rank, {args.device}")
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
