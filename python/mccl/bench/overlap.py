@@ -18,8 +18,15 @@ median over ``--steps`` steps. ``hidden = (compute + comm - overlap) / comm``: t
 communication time that the overlapped step did not add to the compute time (100% when the
 step costs no more than its compute, 0% when it costs as much as the serialized step).
 
-With ``--device cuda`` the compute runs on the GPU and each finished bucket is copied into a CPU
-bucket (the copy waits for the kernels) before its all-reduce, as a CPU backend needs today.
+With ``--device cuda`` the compute runs on the GPU (rank r on CUDA device
+LOCAL_RANK % device_count) and the buckets live there too: each bucket's all-reduce is issued on
+the GPU tensor right after the kernels that write it were queued (the backend orders itself after
+them on the stream, as DDP relies on), and every step ends with ``torch.cuda.synchronize()``, so
+it lasts until the results are on the device. "Backward done" is then when the last bucket's
+kernels finished on the GPU (CUDA events), not when the host queued them.
+``--stage-to-cpu`` keeps the buckets in host memory instead: each finished bucket is copied to
+its CPU bucket (the copy waits for the kernels) before its all-reduce, the staging a CPU-only
+backend needs.
 """
 from __future__ import annotations
 
@@ -48,7 +55,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="compute per bucket, in ms (calibrated on rank 0)")
     g.add_argument("--matmul", type=_cli.int_at_least(1), default=256,
                    help="side of the square matrices the compute multiplies")
-    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the compute runs")
+    g.add_argument("--device", default="cpu", choices=list(runtime.DEVICES),
+                   help="where the compute runs and (unless --stage-to-cpu) where the buckets live and are "
+                        "all-reduced; cuda: device LOCAL_RANK %% device_count")
+    g.add_argument("--stage-to-cpu", action="store_true",
+                   help="with --device cuda: copy each finished bucket to a CPU tensor and all-reduce that "
+                        "(what a CPU-only backend needs; the old behaviour); no effect with --device cpu")
     g.add_argument("--steps", type=_cli.int_at_least(1), default=5, help="timed steps per mode")
     g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=1, help="untimed steps per mode first")
     g.add_argument("--json", default=None, help="write the results and metadata to this file (rank 0)")
@@ -58,23 +70,25 @@ def add_args(p: argparse.ArgumentParser) -> None:
 class Step:
     """The buckets and the calibrated compute of one rank."""
 
-    def __init__(self, args, groups: runtime.Groups):
+    def __init__(self, args, groups: runtime.Groups, dev: torch.device | None = None):
         self.args = args
-        self.dev = torch.device(args.device)
-        if self.dev.type == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("--device cuda: torch sees no CUDA device")
+        self.dev = dev or runtime.rank_device(args.device)
+        #: Buckets in host memory, each filled from the device's ``grad`` (--stage-to-cpu).
+        self.staged = self.dev.type != "cpu" and args.stage_to_cpu
+        #: Buckets on the accelerator, all-reduced there: backward's end is timed with events.
+        self.on_device = self.dev.type != "cpu" and not self.staged
         numel = int(args.bucket_mb * 2 ** 20) // 4
-        self.buckets = [torch.zeros(numel) for _ in range(args.buckets)]
+        bucket_dev = torch.device("cpu") if self.staged else self.dev
+        self.buckets = [torch.zeros(numel, device=bucket_dev) for _ in range(args.buckets)]
         m = args.matmul
         gen = torch.Generator().manual_seed(0)
         self.a = (torch.randn(m, m, generator=gen) / m).to(self.dev)
         self.b = torch.randn(m, m, generator=gen).to(self.dev)
-        self.grad = torch.zeros(numel, device=self.dev) if self.dev.type == "cuda" else None
+        self.grad = torch.zeros(numel, device=self.dev) if self.staged else None
         self.reps, self.calibrated_ms = self._calibrate(groups)
 
     def _sync(self) -> None:
-        if self.dev.type == "cuda":
-            torch.cuda.synchronize()
+        runtime.sync(self.dev)
 
     def _calibrate(self, groups: runtime.Groups) -> tuple[int, float]:
         """Matmuls per bucket for --compute-ms, measured on rank 0 and the same on every rank, and
@@ -102,9 +116,11 @@ class Step:
         return c
 
     def compute(self, k: int) -> None:
+        """Bucket k's "backward": its matmuls, written into the bucket (queued on the GPU when the
+        buckets live there; with --stage-to-cpu copied to the host, which waits for the kernels)."""
         c = self._matmuls(self.reps).view(-1)
         bucket = self.buckets[k]
-        if self.grad is not None:
+        if self.staged:
             self.grad[:c.numel()].copy_(c[:self.grad.numel()])
             bucket.copy_(self.grad)  # device -> host: waits for the kernels, as a staged CPU backend must
         else:
@@ -114,7 +130,8 @@ class Step:
 def run_mode(mode: str, step: Step, group, t0: float) -> float:
     """Runs one step in ``mode``, begun at ``t0`` (time.perf_counter()). In ``overlap`` mode,
     returns the seconds from ``t0`` to the end of the last bucket's compute (this rank's backward
-    is done, its all-reduces may still run); 0 in the other modes."""
+    is done, its all-reduces may still run; with the buckets on the GPU, when its kernels finished
+    there); 0 in the other modes. Every mode ends when the results are on the device."""
     k_all = range(len(step.buckets))
     if mode == "compute":
         for k in k_all:
@@ -125,13 +142,21 @@ def run_mode(mode: str, step: Step, group, t0: float) -> float:
             w.wait()
     elif mode == "overlap":
         works = []
+        if step.on_device:  # the previous step ended synchronized: the GPU is idle, `start` runs now
+            t_start = time.perf_counter() - t0
+            start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         for k in k_all:
             step.compute(k)
             works.append(dist.all_reduce(step.buckets[k], group=group, async_op=True))
+        if step.on_device:
+            done.record()  # on the compute stream: after the last bucket's kernels
         backward_done = time.perf_counter() - t0
         for w in works:
-            w.wait()
+            w.wait()  # with GPU buckets: the current stream waits for the result
         step._sync()
+        if step.on_device:
+            backward_done = t_start + start.elapsed_time(done) / 1e3
         return backward_done
     elif mode == "serial":
         for k in k_all:
@@ -170,18 +195,26 @@ def main(args) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     torch.set_num_threads(args.threads)
     backends = runtime.split_backends(args.backends)
+    dev = runtime.rank_device(args.device)
     groups = runtime.init_groups(backends, args.pg_timeout)
-    step = Step(args, groups)
+    step = Step(args, groups, dev)
     meta = runtime.run_metadata(groups, backends)
     meta.update({"buckets": args.buckets, "bucket_mib": args.bucket_mb, "matmuls_per_bucket": step.reps,
                  "compute_ms_target": args.compute_ms, "compute_ms_calibrated": step.calibrated_ms,
-                 "device": args.device})
+                 "device": args.device, "matmul": args.matmul, "stage_to_cpu": step.staged,
+                 "buckets_device": step.buckets[0].device.type})
+    meta.update(runtime.device_meta(dev, groups))
     rank0 = groups.rank == 0
     if rank0:
         print(f"# mccl.bench overlap: {groups.world} ranks, {args.buckets} buckets x {args.bucket_mb:g} MiB, "
               f"{step.reps} matmuls ({args.matmul}x{args.matmul}, {args.device}) per bucket, {step.calibrated_ms:.1f} ms "
               f"when rank 0 calibrated them (target {args.compute_ms:g} ms), {args.threads} thread(s); load average "
               f"{meta['loadavg_start'][0]:.2f}", flush=True)
+        where = ("in host memory, each copied there from the GPU before its all-reduce (--stage-to-cpu)" if step.staged
+                 else f"on {dev.type}, all-reduced there" if step.on_device else "in host memory")
+        print(f"# buckets {where}", flush=True)
+        if dev.type != "cpu":
+            print(runtime.device_line(meta), flush=True)
     results = {}
     for backend in backends:
         group = groups.by_backend[backend]
@@ -266,7 +299,8 @@ def plot(results: dict, meta: dict, path: str) -> None:
                         va="bottom", fontsize=9)
     ax.set_xticks(range(len(results)), [f"{b}, N={meta['world_size']}" for b in results])
     ax.set_ylabel("step time (s)")
-    ax.set_title(f"{meta['buckets']} x {meta['bucket_mib']:g} MiB buckets, {meta['device']} compute")
+    where = "staged to CPU" if meta.get("stage_to_cpu") else f"on {meta.get('buckets_device', 'cpu')}"
+    ax.set_title(f"{meta['buckets']} x {meta['bucket_mib']:g} MiB buckets {where}, {meta['device']} compute")
     ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
