@@ -1,12 +1,12 @@
-"""``python -m mccl.bench [collectives|overlap|throughput] [options]`` (collectives by default)."""
+"""``python -m mccl.bench [collectives|overlap|throughput|ddp] [options]`` (collectives by default)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import collectives, overlap, runtime, throughput
+from . import collectives, ddp, overlap, runtime, throughput
 
-COMMANDS = {"collectives": collectives, "overlap": overlap, "throughput": throughput}
+COMMANDS = {"collectives": collectives, "overlap": overlap, "throughput": throughput, "ddp": ddp}
 
 
 def build_parser(command: str) -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=module.__doc__,
-        epilog=("commands: python -m mccl.bench [collectives] | overlap | throughput (each has --help)\n"
+        epilog=("commands: python -m mccl.bench [collectives] | overlap | throughput | ddp (each has --help)\n"
                 "ranks: under torchrun or `python -m mccl.cluster run` the process is one rank; otherwise it\n"
                 "starts --nproc ranks itself (on this machine, or one per host with --cluster ID).\n"
                 "examples:\n"
@@ -23,7 +23,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                 "  torchrun --standalone --nproc-per-node 4 -m mccl.bench --ops all_reduce --json ar.json\n"
                 "  python -m mccl.bench --cluster c0 --goodput measure --json r.json --plot r.png   # as root\n"
                 "  python -m mccl.bench overlap --nproc 2 --buckets 4\n"
-                "  python -m mccl.bench throughput --nproc 4 --world-sizes 1,2,4"))
+                "  python -m mccl.bench throughput --nproc 4 --world-sizes 1,2,4\n"
+                "  python -m mccl.bench ddp --nproc 2 --model tiny --steps 4\n"
+                "  python -m mccl.bench ddp --cluster x0 --device cuda --json ddp.json   # ViT-B/16 on the GPU"))
     runtime.add_launch_args(p)
     module.add_args(p)
     return p
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "max_iters", 1) < getattr(args, "min_iters", 1):
         parser.error(f"--max-iters {args.max_iters} is below --min-iters {args.min_iters}")
     module = COMMANDS[command]
+    # Refused here, before any rank starts (and in every rank under torchrun): one line, no traceback.
+    if reason := runtime.device_unavailable(getattr(args, "device", "cpu")):
+        print(f"mccl.bench: error: --device {args.device}: {reason}", file=sys.stderr)
+        return 2
     try:
         if runtime.rank_mode():
             return module.main(args)
