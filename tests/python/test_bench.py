@@ -1,4 +1,5 @@
-"""mccl.bench: busbw factors and the exact checker, then short smoke runs on 2 local ranks.
+"""mccl.bench: busbw factors and the exact checker, then short smoke runs on 2 local ranks (the
+collectives, overlap, throughput and ddp commands; --device cuda where there is no GPU).
 
 The smoke runs use tiny sizes and few iterations: they check that the tools work and that every
 result is exact (#wrong = 0), not how fast anything is. Each runs under a deadline.
@@ -12,7 +13,10 @@ import pytest
 import torch
 
 from mccl.bench import collectives as C
+from mccl.bench import ddp as D
+from mccl.bench import report
 from mccl.bench.__main__ import build_parser
+from mccl.cluster import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
@@ -182,6 +186,152 @@ def test_throughput_smoke(tmp_path):
 
 
 def test_help_documents_every_command():
-    for cmd in ([], ["overlap"], ["throughput"]):
+    for cmd in ([], ["overlap"], ["throughput"], ["ddp"]):
         rc, out = bench(*cmd, "--help", deadline=60)
         assert rc == 0 and "--backends" in out and "--nproc" in out and "--cluster" in out, out
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices (--device), the ddp command, overlap's --stage-to-cpu
+# ---------------------------------------------------------------------------------------------
+
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("command", [[], ["overlap"], ["throughput"], ["ddp"]])
+def test_device_cuda_without_gpu_is_one_line_exit_2(command):
+    rc, out = bench(*command, "--nproc", "2", "--device", "cuda", deadline=60)
+    assert rc == 2, out
+    assert out.strip().count("\n") == 0 and out.startswith("mccl.bench: error: --device cuda: "), out
+    assert "Traceback" not in out and "[rank" not in out, out
+
+
+def test_device_and_stage_to_cpu_parse():
+    for command in ("collectives", "overlap", "throughput", "ddp"):
+        assert build_parser(command).parse_args([]).device == "cpu"
+        assert build_parser(command).parse_args(["--device", "cuda"]).device == "cuda"
+    assert build_parser("overlap").parse_args([]).stage_to_cpu is False
+    args = build_parser("overlap").parse_args(["--device", "cuda", "--stage-to-cpu"])
+    assert args.stage_to_cpu is True and args.device == "cuda"
+
+
+@pytest.mark.parametrize("command, args, says", [
+    ("collectives", ["--device", "tpu"], "invalid choice: 'tpu'"),
+    ("ddp", ["--model", "resnet"], "choose timm:NAME, vit_b16, tiny"),
+    ("ddp", ["--model", "timm:"], "needs a model name"),
+    ("ddp", ["--steps", "0"], "must be 1 or more"),
+    ("ddp", ["--batch", "0"], "must be 1 or more"),
+    ("ddp", ["--bucket-mb", "0"], "above 0"),
+    ("ddp", ["--lr", "0"], "above 0"),
+])
+def test_device_and_ddp_arguments_are_checked(command, args, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(command).parse_args(args)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.skipif(D.timm_available(), reason="timm is installed here")
+def test_ddp_without_timm_defaults_to_the_builtin_vit(capsys):
+    assert build_parser("ddp").parse_args([]).model == "vit_b16"
+    with pytest.raises(SystemExit):
+        build_parser("ddp").parse_args(["--model", "timm:vit_base_patch16_224"])
+    assert "timm is not installed here" in capsys.readouterr().err
+
+
+def test_builtin_vit_b16_has_vit_b16s_parameters():
+    with torch.device("meta"):  # shapes only: no memory, no time
+        model = D.ViT(D.VIT_SPECS["vit_b16"])
+    assert sum(p.numel() for p in model.parameters()) == 86_567_656  # timm's vit_base_patch16_224
+    tiny = D.build_model("tiny")
+    assert 1e6 < sum(p.numel() for p in tiny.model.parameters()) < 5e6
+    assert tiny.model(torch.randn(2, *tiny.input_shape)).shape == (2, tiny.classes)
+
+
+def test_manual_buckets_are_ddp_like():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 300, 5, 200, 200, 7)]
+    buckets = D.grad_buckets(params, cap_bytes=1000)  # 250 floats
+    # Reverse order; a bucket closes once it reaches the cap (the crossing tensor stays in it).
+    assert [[p.numel() for p in b] for b in buckets] == [[7, 200, 200], [5, 300], [10]]
+    assert [p for b in buckets for p in b] == params[::-1]
+
+
+def test_ddp_variant_names():
+    assert D.variant_names("compute,ddp,manual", ["mccl", "gloo"]) == ["compute", "ddp-mccl", "ddp-gloo", "manual"]
+    assert D.variant_names("ddp-gloo", ["mccl", "gloo"]) == ["ddp-gloo"]
+    for bad in ("ddp-nccl", "foo", "", "manual,manual"):
+        with pytest.raises(SystemExit):
+            D.variant_names(bad, ["mccl", "gloo"])
+
+
+def test_ddp_smoke_tiny_cpu(tmp_path):
+    """Every variant on 2 ranks: positive times, ratios, the parameter check passed, JSON and plot."""
+    out_json, out_png = tmp_path / "d.json", tmp_path / "d.png"
+    rc, out = bench("ddp", "--model", "tiny", "--device", "cpu", "--nproc", "2", "--steps", "2", "--warmup-steps",
+                    "1", "--batch", "4", "--json", str(out_json), "--plot", str(out_png), deadline=180)
+    assert rc == 0, out[-4000:]
+    assert "parameters bitwise equal on all 2 ranks after 1 step(s): ddp-mccl, ddp-gloo, manual" in out, out[-4000:]
+    data = json.loads(out_json.read_text())
+    res, meta = data["results"], data["meta"]
+    assert list(res) == ["compute", "ddp-mccl", "ddp-gloo", "manual"]
+    for name, r in res.items():
+        assert len(r["steps_ms"]) == 2 and all(t > 0 for t in r["steps_ms"]), r
+        assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["samples_per_s"] > 0, r
+        assert r["samples_per_s"] == pytest.approx(2 * 4 / (r["median_ms"] / 1e3))
+        assert r["params_equal"] is (None if name == "compute" else True), r
+    assert data["params_equal"] is True and data["reference"] == "ddp-mccl"
+    assert set(data["ratios"]) == {"ddp-gloo/ddp-mccl", "manual/ddp-mccl"} and all(v > 0 for v in data["ratios"].values())
+    assert meta["grad_bytes_per_step"] == 4 * meta["params"] and sum(meta["manual_bucket_bytes"]) == meta["grad_bytes_per_step"]
+    assert meta["world_size"] == 2 and meta["device"] == "cpu" and meta["model"] == "tiny"
+    assert out_png.stat().st_size > 5_000
+
+
+def test_collectives_and_throughput_accept_device_cpu(tmp_path):
+    rc, out = bench("--nproc", "2", "--device", "cpu", "--ops", "all_reduce,broadcast", "--sizes", "4K", "-n", "2",
+                    "-w", "1", "--json", str(tmp_path / "c.json"))
+    assert rc == 0 and "# #wrong total: 0 OK" in out and "# device: cpu" in out, out[-3000:]
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["meta"]["device_info"]["device"] == "cpu" and all(r["wrong"] == 0 for r in data["results"])
+    rc, out = bench("throughput", "--nproc", "2", "--device", "cpu", "--world-sizes", "2", "--width", "32", "--depth",
+                    "2", "--steps", "1", "--warmup-steps", "1", "--backends", "mccl", "--json", str(tmp_path / "t.json"))
+    assert rc == 0, out[-3000:]
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]
+    assert [(r["device"], r["world_size"]) for r in rows] == [("cpu", 2)] and rows[0]["samples_per_s"] > 0
+
+
+REFUSING_RANK = r"""
+import json, os, random, sys
+import torch, torch.distributed as dist
+from mccl.bench import collectives as C, runtime
+from mccl.bench.__main__ import build_parser
+groups = runtime.init_groups(["mccl", "gloo"], 60)
+args = build_parser("collectives").parse_args(["-n", "1", "-w", "0"])
+real = C.run_op
+def run_op(coll, group, *a):
+    if coll.name == "reduce_scatter":  # what gloo says for CUDA tensors
+        raise RuntimeError("ProcessGroupGloo::reduce_scatter: unsupported device type cuda")
+    return real(coll, group, *a)
+C.run_op = run_op
+rows = [C.measure(C.COLLECTIVES[op], b, groups.by_backend[b], groups, 4096, args, random.Random(0))
+        for op in ("reduce_scatter", "all_reduce") for b in ("gloo", "mccl")]
+dist.destroy_process_group()
+print("ROWS " + json.dumps(rows))
+"""
+
+
+def test_a_refused_collective_is_unsupported_for_gloo_and_an_error_for_mccl(capsys):
+    """A backend refusing the call (as gloo refuses reduce-scatter of CUDA tensors) makes the row
+    'unsupported', not an error and not a crash; mccl refusing is an error. One rank, in a child."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, "-c", REFUSING_RANK], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.split("ROWS ", 1)[1])
+    gloo_rs, mccl_rs, gloo_ar, mccl_ar = rows
+    assert "unsupported device type cuda" in gloo_rs["unsupported"] and "error" not in gloo_rs, gloo_rs
+    assert "refused" in mccl_rs["error"] and "unsupported" not in mccl_rs, mccl_rs
+    assert gloo_ar["wrong"] == 0 and mccl_ar["wrong"] == 0
+    meta = {"world_size": 1, "goodput": None}
+    report.print_tables([gloo_rs, mccl_rs], ["mccl", "gloo"], meta)
+    text = capsys.readouterr().out
+    assert "unsupported" in text and "1 measurements failed" in text
+    assert "# unsupported (1 size(s), not counted as failures): gloo refuses reduce_scatter on cpu" in text
