@@ -129,10 +129,43 @@ const at::Tensor& checkSingle(const std::vector<at::Tensor>& tensors, const char
 void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.layout() == at::kStrided, "mccl ", op, ": only dense (strided) tensors are supported, got ",
               t.layout());
-  TORCH_CHECK(t.device().is_cpu(), "mccl ", op, ": tensor is on device ", t.device(),
-              "; this build of mccl moves cpu tensors (call .cpu() or register another device)");
+  TORCH_CHECK(deviceKind(t.device().type()) != nullptr, "mccl ", op, ": tensor is on device ", t.device(),
+              "; this build of mccl moves cpu and cuda tensors, and mps tensors on macOS");
   toMcclType(t, op);
 }
+
+// Every tensor of one call lives on one device (the engine stages them together).
+void checkSameDevice(const at::Tensor& t, const at::Tensor& ref, const char* op) {
+  TORCH_CHECK(t.device() == ref.device(), "mccl ", op, ": every tensor of one call must be on one device; got ",
+              t.device(), " and ", ref.device());
+}
+
+// Every tensor of a collective: checked, same dtype as the first.
+void checkAll(const std::vector<at::Tensor>& ts, const at::Tensor& ref, const char* op) {
+  for (const auto& t : ts) {
+    checkTensor(t, op);
+    checkSameDevice(t, ref, op);
+    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "mccl ", op, ": every tensor must have dtype ",
+                ref.scalar_type(), ", got ", t.scalar_type());
+  }
+}
+
+at::Tensor flatCat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// After the collective, copy consecutive pieces of engine buffer `flat` into `ts`.
+void splitInto(Staging& staging, const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+  int64_t off = 0;
+  for (const auto& t : ts) {
+    staging.copyBack(t, flat.narrow(0, off, t.numel()));
+    off += t.numel();
+  }
+}
+
 
 // The outputs of a list collective are filled by copies out of one staging buffer: each must be
 // writable on its own. Two outputs that share memory (the same tensor twice, overlapping views)
@@ -215,11 +248,14 @@ int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::millisecond
 
 // ---- Work ---------------------------------------------------------------------------------
 
-WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs)
+WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs,
+                   std::unique_ptr<Staging> staging)
     : c10d::Work(-1, type, profiling_name),
       outputs_(std::move(outputs)),
+      staging_(std::move(staging)),
       inference_mode_(c10::InferenceMode::is_enabled()),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       staging_->futureDevices())),
       name_(profiling_name) {}
 
 WorkMCCL::~WorkMCCL() { mcclRequestFree(request_); }
@@ -335,11 +371,15 @@ void WorkMCCL::complete(mcclResult_t result) {
       // tensors may only be written inside it (torchmetrics gathers under Trainer.validate).
       std::optional<c10::InferenceMode> guard;
       if (inference_mode_) guard.emplace();
-      for (auto& step : postprocess_) step();
+      staging_->complete(true);
     } catch (...) {
       eptr = std::current_exception();
     }
   } else {
+    try {
+      staging_->complete(false);
+    } catch (...) {
+    }
     const char* detail = mcclRequestError(request_);
     try {
       throwMccl(result, name_, detail[0] ? detail : "see the log");
@@ -361,13 +401,18 @@ void WorkMCCL::complete(mcclResult_t result) {
     future_->setError(eptr);
   } else {
     finish();
-    future_->markCompleted(c10::IValue(outputs_));
+    try {
+      // For device tensors the Future records its events under this guard: after the results.
+      std::optional<c10::StreamGuard> guard = staging_->completionGuard();
+      future_->markCompleted(c10::IValue(outputs_));
+    } catch (...) {
+      if (!future_->completed()) future_->setError(std::current_exception());
+    }
   }
   // The Future's callbacks have returned (those attached later run inline in their caller):
   // collectives issued after this one may run now.
   tl_follow = outer;
   mcclRequestSeal(request_);
-  keep_alive_.clear();
 }
 
 void* WorkMCCL::buffer(const at::Tensor& t, bool output, const char* op) {
@@ -375,14 +420,7 @@ void* WorkMCCL::buffer(const at::Tensor& t, bool output, const char* op) {
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "mccl ", op,
                 ": the output tensor has elements that share memory (shape ", t.sizes(), ", strides ",
                 t.strides(), ", e.g. from expand()); it cannot receive a result");
-  if (t.is_contiguous()) {
-    keep_alive_.push_back(t);
-    return t.data_ptr();
-  }
-  at::Tensor staged = t.contiguous();
-  keep_alive_.push_back(staged);
-  if (output) postprocess_.push_back([t, staged]() mutable { t.copy_(staged); });
-  return staged.data_ptr();
+  return (output ? staging_->inout(t) : staging_->input(t)).data_ptr();
 }
 
 bool WorkMCCL::isCompleted() {
@@ -400,9 +438,30 @@ std::exception_ptr WorkMCCL::exception() const {
 std::vector<at::Tensor> WorkMCCL::result() { return outputs_; }
 c10::intrusive_ptr<c10::ivalue::Future> WorkMCCL::getFuture() { return future_; }
 uint64_t WorkMCCL::getSequencenumber() const { return seq_; }
-int WorkMCCL::sourceRank() const { return mcclRequestSource(request_); }
+int WorkMCCL::sourceRank() const {
+  // Known once the receive landed: a device Work's wait() does not wait for that on the host.
+  if (!staging_->hostWait()) mcclWait(request_, -1);
+  return mcclRequestSource(request_);
+}
+
+void WorkMCCL::synchronize() { staging_->consumerWait(); }
 
 bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
+  if (!staging_->hostWait()) {
+    // Device tensors: the stream waits, not the host. A collective that already failed raises,
+    // and so does one on a communicator that failed (it fails at once: wait for that).
+    int done = 0;
+    mcclResult_t failed = mcclSuccess;
+    if (!c10d::isP2POp(retrieveOpType()) && comm_ != nullptr) mcclCommGetAsyncError(comm_, &failed);
+    if (failed != mcclSuccess) mcclWait(request_, -1);
+    if (mcclTest(request_, &done) != mcclSuccess && done) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return completed_; });
+      if (exception_) std::rethrow_exception(exception_);
+    }
+    staging_->consumerWait();
+    return true;
+  }
   int64_t ms = timeout == kNoTimeout ? -1 : timeout.count();
   mcclResult_t res = mcclWait(request_, ms);
   if (res == mcclInProgress) {
@@ -453,13 +512,20 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMCCL::getBackendOptions()
   return c10::make_intrusive<Options>("mccl", timeout_);
 }
 
+c10::intrusive_ptr<WorkMCCL> ProcessGroupMCCL::makeWork(c10d::OpType type, const char* name,
+                                                       std::vector<at::Tensor> outputs, const c10::Device& device,
+                                                       CallKind call) {
+  contexts_.timeout_ms = timeout_.count();
+  return c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
+}
+
 template <typename Issue>
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkMCCL> work,
                                                         std::chrono::milliseconds timeout,
                                                         Issue issue, double premul_factor) {
   work->handoff_.ctx = work.get();
-  work->handoff_.producer_wait = nullptr;  // CPU memory: written before the call returns
   work->handoff_.consumer_release = &WorkMCCL::onRelease;
+  work->staging_->commit(&work->handoff_);  // the producer side (device tensors: tickets, copies)
   work->self_ = work;
   mcclOpOptions_t opts;
   std::memset(&opts, 0, sizeof(opts));
@@ -475,9 +541,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   work->comm_ = comm_;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {
+    work->staging_->refused();
     work->self_.reset();
     throwMccl(res, work->name_, mcclGetLastError(comm_));
   }
+  work->staging_->issued();  // the consumer side: copy-backs queued behind the consumer ticket
   // torch's per-group sequence number: issue order on this process (the engine's run order, which
   // can differ for follow-ups, is in mcclRequestSeq and in MCCL's messages).
   if (!p2p) work->seq_ = next_seq_++;
@@ -491,7 +559,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   mcclDataType_t dt = toMcclType(t, "allreduce");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE, "allreduce", tensors);
+  auto work = makeWork(c10d::OpType::ALLREDUCE, "allreduce", tensors, t.device());
   mcclComm_t c = comm();
   void* ptr = work->buffer(t, true, "allreduce");
   size_t n = static_cast<size_t>(t.numel());
@@ -507,7 +575,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   TORCH_CHECK(opts.rootTensor == 0, "mccl broadcast: rootTensor must be 0 (one tensor per process)");
   checkRoot(opts.rootRank, "broadcast");
   mcclDataType_t dt = toMcclType(t, "broadcast");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::BROADCAST, "broadcast", tensors);
+  auto work = makeWork(c10d::OpType::BROADCAST, "broadcast", tensors, t.device());
   mcclComm_t c = comm();
   void* ptr = work->buffer(t, true, "broadcast");
   size_t n = static_cast<size_t>(t.numel());
@@ -521,13 +589,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions& opts) {
   checkTensor(input, "all_gather_into_tensor");
   checkTensor(output, "all_gather_into_tensor");
+  checkSameDevice(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "mccl all_gather_into_tensor: output dtype ",
               output.scalar_type(), " differs from input dtype ", input.scalar_type());
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "mccl all_gather_into_tensor: output has ",
               output.numel(), " elements, expected world size ", getSize(), " x ", input.numel());
   mcclDataType_t dt = toMcclType(input, "all_gather_into_tensor");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-                                            std::vector<at::Tensor>{output});
+  auto work = makeWork(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, input.device());
   mcclComm_t c = comm();
   const void* in = work->buffer(input, false, "all_gather_into_tensor");
   void* out = work->buffer(output, true, "all_gather_into_tensor");
@@ -548,23 +616,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   TORCH_CHECK(static_cast<int>(outs.size()) == getSize(), "mccl all_gather: output list has ",
               outs.size(), " tensors, expected world size ", getSize());
   for (const auto& o : outs) {
-    TORCH_CHECK(o.device().is_cpu(), "mccl all_gather: output tensor is on device ", o.device());
+    checkTensor(o, "all_gather");
+    checkSameDevice(o, input, "all_gather");
     TORCH_CHECK(o.scalar_type() == input.scalar_type() && o.numel() == input.numel(),
                 "mccl all_gather: every output must match the input's dtype ", input.scalar_type(),
                 " and size ", input.numel(), "; got ", o.scalar_type(), " with ", o.numel(), " elements");
   }
   checkOutputs(outs, "all_gather");
   mcclDataType_t dt = toMcclType(input, "all_gather");
-  // Gather into one flat buffer, then copy out (completion pool) before the Future completes.
-  at::Tensor flat = at::empty({getSize() * input.numel()}, input.options());
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLGATHER, "all_gather", outs);
-  work->keep_alive_ = {flat};
-  std::vector<at::Tensor> targets = outs;
+  // Gather into one flat engine buffer, then copy each block into its output.
+  auto work = makeWork(c10d::OpType::ALLGATHER, "all_gather", outs, input.device());
   int64_t numel = input.numel();
-  work->postprocess_.push_back([targets, flat, numel]() {
-    for (size_t i = 0; i < targets.size(); i++)
-      targets[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * numel, numel).view(targets[i].sizes()));
-  });
+  at::Tensor flat = work->staging().buffer(getSize() * numel, input.scalar_type(), [&] { return flatCat(outs); });
+  for (size_t i = 0; i < outs.size(); i++)
+    work->staging().copyBack(outs[i], flat.narrow(0, static_cast<int64_t>(i) * numel, numel));
   mcclComm_t c = comm();
   const void* in = work->buffer(input, false, "all_gather");
   void* out = flat.data_ptr();
@@ -575,7 +640,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions& opts) {
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::BARRIER, "barrier", std::vector<at::Tensor>{});
+  auto work = makeWork(c10d::OpType::BARRIER, "barrier", {}, c10::Device(c10::kCPU));
   mcclComm_t c = comm();
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclBarrier(c, o, r);
@@ -584,34 +649,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOpti
 
 // ---- the rest of the surface: staging through one flat buffer where torch hands lists ------
 
-namespace {
-
-// Every tensor of a collective: checked, same dtype as the first.
-void checkAll(const std::vector<at::Tensor>& ts, const at::Tensor& ref, const char* op) {
-  for (const auto& t : ts) {
-    checkTensor(t, op);
-    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "mccl ", op, ": every tensor must have dtype ",
-                ref.scalar_type(), ", got ", t.scalar_type());
-  }
-}
-
-at::Tensor flatCat(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> flat;
-  flat.reserve(ts.size());
-  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
-}
-
-// Copy consecutive pieces of `flat` back into `ts` (completion pool, after the collective).
-void splitInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
-  int64_t off = 0;
-  for (const auto& t : ts) {
-    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-    off += t.numel();
-  }
-}
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
@@ -620,11 +657,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(
   mcclDataType_t dt = toMcclType(tensors[0], "allreduce_coalesced");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
-  at::Tensor flat = flatCat(tensors);
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
-  work->keep_alive_ = {flat};
-  std::vector<at::Tensor> targets = tensors;
-  work->postprocess_.push_back([flat, targets]() { splitInto(flat, targets); });
+  auto work = makeWork(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, tensors[0].device());
+  at::Tensor flat = work->staging().input(flatCat(tensors));
+  splitInto(work->staging(), flat, tensors);
   mcclComm_t c = comm();
   void* ptr = flat.data_ptr();
   size_t n = static_cast<size_t>(flat.numel());
@@ -641,9 +676,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
   mcclDataType_t dt = toMcclType(t, "reduce");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::REDUCE, "reduce", tensors);
+  auto work = makeWork(c10d::OpType::REDUCE, "reduce", tensors, t.device());
   mcclComm_t c = comm();
-  void* ptr = work->buffer(t, true, "reduce");
+  void* ptr = work->buffer(t, getRank() == opts.rootRank, "reduce");  // only root's is written
   size_t n = static_cast<size_t>(t.numel());
   int root = static_cast<int>(opts.rootRank);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -663,22 +698,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced
                 i, " has ", outputs[i].numel(), " elements, expected world size x ", inputs[i].numel());
   checkOutputs(outputs, "allgather_into_tensor_coalesced");
   mcclDataType_t dt = toMcclType(inputs[0], "allgather_into_tensor_coalesced");
-  at::Tensor flat_in = flatCat(inputs);
+  auto work = makeWork(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs[0].device());
+  at::Tensor flat_in = work->staging().input(flatCat(inputs));
   const int64_t total = flat_in.numel();
-  at::Tensor flat_out = at::empty({n * total}, flat_in.options());
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs);
-  work->keep_alive_ = {flat_in, flat_out};
-  std::vector<at::Tensor> targets = outputs;
-  std::vector<int64_t> sizes;
-  for (const auto& t : inputs) sizes.push_back(t.numel());
-  work->postprocess_.push_back([flat_out, targets, sizes, n, total]() {
-    at::Tensor rows = flat_out.view({n, total});
-    int64_t off = 0;
-    for (size_t i = 0; i < targets.size(); i++) {
-      targets[i].copy_(rows.narrow(1, off, sizes[i]).reshape(targets[i].sizes()));
-      off += sizes[i];
-    }
+  at::Tensor flat_out = work->staging().buffer(n * total, flat_in.scalar_type(), [&] {
+    std::vector<at::Tensor> cols;
+    for (size_t i = 0; i < outputs.size(); i++) cols.push_back(outputs[i].reshape({n, inputs[i].numel()}));
+    return at::cat(cols, 1).reshape({-1});
   });
+  // Row p of the gathered buffer is rank p's concatenated inputs: output i takes columns of it.
+  at::Tensor rows = flat_out.view({n, total});
+  int64_t off = 0;
+  for (size_t i = 0; i < outputs.size(); i++) {
+    work->staging().copyBack(outputs[i], rows.narrow(1, off, inputs[i].numel()));
+    off += inputs[i].numel();
+  }
   mcclComm_t c = comm();
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();
@@ -708,11 +742,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "mccl gather: only the root passes output tensors");
   }
   mcclDataType_t dt = toMcclType(input, "gather");
-  at::Tensor flat = is_root ? at::empty({getSize() * input.numel()}, input.options()) : at::Tensor();
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::GATHER, "gather", targets);
+  auto work = makeWork(c10d::OpType::GATHER, "gather", targets, input.device());
+  at::Tensor flat;
   if (is_root) {
-    work->keep_alive_.push_back(flat);
-    work->postprocess_.push_back([flat, targets]() { splitInto(flat, targets); });
+    flat = work->staging().buffer(getSize() * input.numel(), input.scalar_type(), [&] { return flatCat(targets); });
+    splitInto(work->staging(), flat, targets);
   }
   mcclComm_t c = comm();
   const void* in = work->buffer(input, false, "gather");
@@ -738,13 +772,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
     checkAll(inputs[0], output, "scatter");
     for (const auto& t : inputs[0])
       TORCH_CHECK(t.numel() == output.numel(), "mccl scatter: every input must have ", output.numel(), " elements");
-    flat = flatCat(inputs[0]);
   } else {
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "mccl scatter: only the root passes input tensors");
   }
   mcclDataType_t dt = toMcclType(output, "scatter");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::SCATTER, "scatter", outputs);
-  if (is_root) work->keep_alive_ = {flat};
+  auto work = makeWork(c10d::OpType::SCATTER, "scatter", outputs, output.device());
+  if (is_root) flat = work->staging().input(flatCat(inputs[0]));
   mcclComm_t c = comm();
   const void* in = is_root ? flat.data_ptr() : nullptr;
   void* out = work->buffer(output, true, "scatter");
@@ -758,6 +791,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
                                                                       const c10d::ReduceScatterOptions& opts) {
   checkTensor(input, "reduce_scatter_tensor");
   checkTensor(output, "reduce_scatter_tensor");
+  checkSameDevice(output, input, "reduce_scatter_tensor");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "mccl reduce_scatter_tensor: output dtype ",
               output.scalar_type(), " differs from input dtype ", input.scalar_type());
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "mccl reduce_scatter_tensor: input has ",
@@ -765,8 +799,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
   mcclDataType_t dt = toMcclType(input, "reduce_scatter_tensor");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor",
-                                            std::vector<at::Tensor>{output});
+  auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, input.device());
   mcclComm_t c = comm();
   const void* in = work->buffer(input, false, "reduce_scatter_tensor");
   void* out = work->buffer(output, true, "reduce_scatter_tensor");
@@ -803,16 +836,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced
     rows.push_back(inputs[i].reshape({n, outputs[i].numel()}));
   }
   checkOutputs(outputs, "reduce_scatter_tensor_coalesced");
-  // Rank-major staging: block p holds every input's row p, so one reduce-scatter serves all.
-  at::Tensor staged = at::cat(rows, 1).reshape({-1});
-  at::Tensor flat_out = at::empty({staged.numel() / n}, staged.options());
   mcclDataType_t dt = toMcclType(inputs[0], "reduce_scatter_tensor_coalesced");
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs);
-  work->keep_alive_ = {staged, flat_out};
-  std::vector<at::Tensor> targets = outputs;
-  work->postprocess_.push_back([flat_out, targets]() { splitInto(flat_out, targets); });
+  auto work = makeWork(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs[0].device());
+  // Rank-major staging: block p holds every input's row p, so one reduce-scatter serves all.
+  at::Tensor staged = work->staging().input(at::cat(rows, 1).reshape({-1}));
+  at::Tensor flat_out = work->staging().buffer(staged.numel() / n, staged.scalar_type(), [&] { return flatCat(outputs); });
+  splitInto(work->staging(), flat_out, outputs);
   mcclComm_t c = comm();
   const void* in = staged.data_ptr();
   void* out = flat_out.data_ptr();
@@ -828,6 +859,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
                                                                const c10d::AllToAllOptions& opts) {
   checkTensor(input, "all_to_all_single");
   checkTensor(output, "all_to_all_single");
+  checkSameDevice(output, input, "all_to_all_single");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "mccl all_to_all_single: output dtype ",
               output.scalar_type(), " differs from input dtype ", input.scalar_type());
   const int n = getSize();
@@ -861,8 +893,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
   };
   auto [scount, sdisp] = counts(input, inputSplitSizes, "input");
   auto [rcount, rdisp] = counts(output, outputSplitSizes, "output");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL_BASE, "all_to_all_single",
-                                            std::vector<at::Tensor>{output});
+  auto work = makeWork(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, input.device());
   mcclComm_t c = comm();
   const void* in = work->buffer(input, false, "all_to_all_single");
   void* out = work->buffer(output, true, "all_to_all_single");
@@ -880,7 +911,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   checkAll(inputs, inputs[0], "all_to_all");
   checkAll(outputs, inputs[0], "all_to_all");
   checkOutputs(outputs, "all_to_all");
-  at::Tensor flat_in = flatCat(inputs);
   int64_t out_total = 0;
   std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
   size_t soff = 0, roff = 0;
@@ -893,12 +923,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
     roff += rcount[j];
     out_total += outputs[j].numel();
   }
-  at::Tensor flat_out = at::empty({out_total}, flat_in.options());
   mcclDataType_t dt = toMcclType(inputs[0], "all_to_all");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::ALLTOALL, "all_to_all", outputs);
-  work->keep_alive_ = {flat_in, flat_out};
-  std::vector<at::Tensor> targets = outputs;
-  work->postprocess_.push_back([flat_out, targets]() { splitInto(flat_out, targets); });
+  auto work = makeWork(c10d::OpType::ALLTOALL, "all_to_all", outputs, inputs[0].device());
+  at::Tensor flat_in = work->staging().input(flatCat(inputs));
+  at::Tensor flat_out = work->staging().buffer(out_total, inputs[0].scalar_type(), [&] { return flatCat(outputs); });
+  splitInto(work->staging(), flat_out, outputs);
   mcclComm_t c = comm();
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();
@@ -912,7 +941,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& t
   const at::Tensor& t = checkSingle(tensors, "send");
   checkTensor(t, "send");
   mcclDataType_t dt = toMcclType(t, "send");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::SEND, "send", tensors);
+  auto work = makeWork(c10d::OpType::SEND, "send", tensors, t.device(), CallKind{true, dstRank});
   mcclComm_t c = comm();
   const void* ptr = work->buffer(t, false, "send");
   size_t n = static_cast<size_t>(t.numel());
@@ -925,7 +954,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& t
   const at::Tensor& t = checkSingle(tensors, "recv");
   checkTensor(t, "recv");
   mcclDataType_t dt = toMcclType(t, "recv");
-  auto work = c10::make_intrusive<WorkMCCL>(c10d::OpType::RECV, "recv", tensors);
+  auto work = makeWork(c10d::OpType::RECV, "recv", tensors, t.device(), CallKind{true, srcRank});
   mcclComm_t c = comm();
   void* ptr = work->buffer(t, true, "recv");
   size_t n = static_cast<size_t>(t.numel());

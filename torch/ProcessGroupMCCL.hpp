@@ -1,10 +1,17 @@
 // ProcessGroupMCCL.hpp: the thin c10d::Backend shim over include/mccl.h (layer "torch backend").
 //
-// A collective call turns each tensor into (pointer, count, dtype), checks everything that can be
-// checked before a byte moves (device, layout, dtype, op, sizes), and issues the C call with a
-// handoff whose consumer_release hands the Work to a completion pool, which completes it and its
-// Future with the output tensor list, as DDP expects (off the engine thread: Future callbacks may
-// issue and wait on further collectives). The Work keeps every tensor it touches alive until then.
+// A collective call checks everything that can be checked before a byte moves (device, layout,
+// dtype, op, sizes), asks the tensors' device kind (device.hpp) for engine buffers and the
+// handoff's tickets, and issues the C call with a handoff whose consumer_release hands the Work to
+// a completion pool, which completes it and its Future with the output tensor list, as DDP expects
+// (off the engine thread: Future callbacks may issue and wait on further collectives). The Work
+// keeps every tensor and staging buffer it touches alive until then.
+//
+// Waiting: on CPU tensors wait() blocks until the results are in place. On device tensors it
+// blocks nothing: it makes the calling thread's current stream wait for the collective, and
+// raises only if the collective has already failed (a later failure is raised by the Work's
+// exception(), its Future, and every later call on the group). The Future of a device Work carries
+// its device, so Future.wait() and then() order the consumer's stream after the results.
 #pragma once
 
 #include <atomic>
@@ -18,13 +25,15 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "device.hpp"
 #include "mccl.h"
 
 namespace mccl {
 
 class WorkMCCL : public c10d::Work {
  public:
-  WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs);
+  WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs,
+           std::unique_ptr<Staging> staging);
   ~WorkMCCL() override;
 
   bool isCompleted() override;
@@ -32,15 +41,17 @@ class WorkMCCL : public c10d::Work {
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
-  void synchronize() override {}
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
   int sourceRank() const override;
 
-  // The pointer the C library should read (output=false) or write (output=true) for `t`, kept
-  // alive until completion. A non-contiguous tensor is staged through a contiguous copy, copied
-  // back by the completion pool for outputs. Outputs whose elements overlap (expand()) are refused.
+  // The pointer the C library should read (output=false) or read and write (output=true) for `t`:
+  // the tensor itself or a staging buffer of its device kind, kept alive with the Work; an output's
+  // staged values are copied back once the collective is done. Outputs whose elements overlap
+  // (expand()) are refused.
   void* buffer(const at::Tensor& t, bool output, const char* op);
+  Staging& staging() { return *staging_; }
 
  private:
   friend class ProcessGroupMCCL;
@@ -48,9 +59,8 @@ class WorkMCCL : public c10d::Work {
   void complete(mcclResult_t result);
 
   std::vector<at::Tensor> outputs_;       // what the Future completes with
-  std::vector<at::Tensor> keep_alive_;    // inputs and staging the engine reads or writes
-  std::vector<std::function<void()>> postprocess_;  // completion pool, in order, before completion
-  bool inference_mode_;                   // the caller's InferenceMode, restored for postprocess_
+  std::unique_ptr<Staging> staging_;      // engine buffers, copy-backs and tickets (device.hpp)
+  bool inference_mode_;                   // the caller's InferenceMode, restored for copy-backs
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   c10::intrusive_ptr<WorkMCCL> self_;     // held until the engine releases the buffers
   mcclRequest_t request_ = nullptr;
@@ -130,8 +140,12 @@ class ProcessGroupMCCL : public c10d::Backend {
                                         double premul_factor);
   mcclComm_t comm() const;
   void checkRoot(int64_t root, const char* op) const;  // RuntimeError unless 0 <= root < size
+  // A Work whose buffers live on `device` (its device kind stages them).
+  c10::intrusive_ptr<WorkMCCL> makeWork(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
+                                        const c10::Device& device, CallKind call = {});
 
   mcclComm_t comm_ = nullptr;
+  DeviceContexts contexts_;  // per device: streams and tickets (device kinds' own state)
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> next_seq_{0};

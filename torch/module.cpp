@@ -6,6 +6,12 @@
 
 namespace py = pybind11;
 
+#ifdef MCCL_WITH_MPS
+namespace mccl {
+bool registerMps();  // device_mps.mm
+}
+#endif
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "MCCL's torch.distributed backend (C++ shim over the C library)";
   // c10d's Python types must exist before a subclass of Backend is declared.
@@ -18,4 +24,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("peer_hint") = "", py::call_guard<py::gil_scoped_release>(),
            "Create a communicator over `store` (collective over all ranks).");
   m.attr("version") = py::make_tuple(MCCL_VERSION_MAJOR, MCCL_VERSION_MINOR, MCCL_VERSION_PATCH);
+#ifdef MCCL_WITH_MPS
+  // MPS tensors: the device kind and c10d's dispatcher kernels for the MPS key (macOS builds).
+  m.attr("has_mps") = mccl::registerMps();
+#else
+  m.attr("has_mps") = false;
+#endif
 }

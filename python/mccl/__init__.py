@@ -23,9 +23,10 @@ from . import _C
 __all__ = ["BACKEND_NAME", "DEVICES", "version"]
 
 BACKEND_NAME = "mccl"
-#: Device types whose tensors the backend accepts. cuda and mps tensors plug into the same C
-#: handoff seam in later releases; cpu must stay listed (barrier and the object collectives use it).
-DEVICES = ["cpu"]
+#: Device types whose tensors the backend accepts: cpu (barrier and the object collectives use it),
+#: cuda (staged through pinned host memory, ordered on the streams), and mps where this build has
+#: Apple's Metal support (macOS). One group may mix them: each rank uses its own device.
+DEVICES = ["cpu", "cuda"] + (["mps"] if getattr(_C, "has_mps", False) else [])
 version = tuple(_C.version)
 
 
