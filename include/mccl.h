@@ -188,6 +188,11 @@ MCCL_API const char* mcclGetLastError(mcclComm_t comm);
 /* A static name for a result code. */
 MCCL_API const char* mcclGetErrorString(mcclResult_t result);
 
+/* The value in force of integer parameter `name` (an MCCL_* variable of docs/ENVIRONMENT.md, read
+ * once per process; its default when unset or refused), for layers above the library (the torch
+ * shim) so that the environment has one reader. mcclInvalidArgument for an unknown name. */
+MCCL_API mcclResult_t mcclGetEnvInt(const char* name, int64_t* value);
+
 /* Bytes per element; 0 for a value outside mcclDataType_t. */
 MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype);
 

@@ -25,9 +25,6 @@
 // PyTorch's thread; the Future completes with the CPU copies, which DDP copies into the gradients.
 #include "device.hpp"
 
-#include <cstdlib>
-#include <cstring>
-
 #include <ATen/mps/MPSAllocatorInterface.h>
 #include <ATen/mps/MPSStream.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -41,9 +38,9 @@ namespace mccl {
 namespace {
 
 bool unifiedEnabled() {
-  const char* v = std::getenv("MCCL_UNIFIED_COLLECTIVE");  // read once per process
-  static const bool on = v == nullptr || std::strcmp(v, "0") != 0;
-  return on;
+  int64_t v = 1;
+  mcclGetEnvInt("MCCL_UNIFIED_COLLECTIVE", &v);  // the library's reader of the environment
+  return v != 0;
 }
 
 // The host address of `t`'s first element, or nullptr when its storage is not CPU-visible.

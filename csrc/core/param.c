@@ -41,6 +41,9 @@ static mcclParam params[] = {
     {"MCCL_SEND_THREAD", -1, -1, 1, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
+    /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU
+     * memory with a wait (the paper's ablation). Read by the torch shim through mcclGetEnvInt. */
+    {"MCCL_UNIFIED_COLLECTIVE", 1, 0, 1, 0, NULL, 0},
 };
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;
@@ -104,4 +107,14 @@ void mcclParamLogAll(void) {
       mcclLog(MCCL_LOG_INFO, MCCL_SUB_ENV, __FILE__, __LINE__,
               params[i].is_string ? "%s set by environment to %s" : "%s set by environment to %s: using %lld",
               params[i].name, params[i].raw, (long long)params[i].value);
+}
+
+MCCL_API mcclResult_t mcclGetEnvInt(const char* name, int64_t* value) {
+  mcclParam* p = name ? paramFind(name) : NULL;
+  if (p == NULL || p->is_string || value == NULL) {
+    mcclSetThreadError("mcclGetEnvInt: %s is not an integer MCCL_* parameter", name ? name : "NULL");
+    return mcclInvalidArgument;
+  }
+  *value = p->value;
+  return mcclSuccess;
 }

@@ -66,5 +66,14 @@ int main(void) {
   expectValue("MCCL_SEND_THREAD", "2", -1);
   expectValue("MCCL_SEND_THREAD", "yes", -1);
   expectValue("MCCL_RING_THRESHOLD", "0", 0);
+  expectValue("MCCL_UNIFIED_COLLECTIVE", "0", 0);
+  expectValue("MCCL_UNIFIED_COLLECTIVE", "2", 1);
+  /* The public accessor the torch shim uses reads the same table, and refuses other names. */
+  int64_t v = -5;
+  EXPECT(mcclGetEnvInt("MCCL_PIPELINE_DEPTH", &v) == mcclSuccess && v == depth_default, "mcclGetEnvInt: %lld", (long long)v);
+  EXPECT(mcclGetEnvInt("MCCL_SOCKET_IFNAME", &v) == mcclInvalidArgument, "a string parameter is not an integer");
+  EXPECT(mcclGetEnvInt("MCCL_NO_SUCH", &v) == mcclInvalidArgument, "an unknown name is refused");
+  EXPECT(mcclGetEnvInt(NULL, &v) == mcclInvalidArgument && mcclGetEnvInt("MCCL_PIPELINE_DEPTH", NULL) == mcclInvalidArgument,
+         "NULL arguments are refused");
   return harnessExit("test_param");
 }

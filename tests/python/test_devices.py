@@ -77,42 +77,45 @@ def test_cpu_suite_on_device(kind, module, name, sizes):
 # ---- a race burst ------------------------------------------------------------------------------
 
 def _race_burst(rank: int, world_size: int, kind: str) -> dict:
-    """640 asynchronous all-reduces, allocator churn between them, no host sync until the end."""
+    """640 asynchronous all-reduces, allocator churn between them, no host sync until the end.
+
+    Every fifth one is fire-and-forget: the caller drops both its tensor and the Work at once, so
+    the memory goes back to the caching allocator as soon as the collective is done, maybe before
+    its copy-back ran on the device. The tensors allocated afterwards hold a sentinel that such a
+    late copy-back would overwrite (the paper's buffer-reuse race)."""
     dev = _device(kind, rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     gen = torch.Generator().manual_seed(1234 + rank)  # churn sizes differ per rank
-    kept, works, freed = [], [], []
+    sizes = (1, 13, 4099, 70001)
+    works, sentinels = [], []
     for i in range(640):
-        n = (1, 13, 4099, 70001)[i % 4]
+        n = sizes[i % 4]
         t = torch.full((n,), float(rank + i % 97), device=dev)  # written by a kernel
         w = dist.all_reduce(t, async_op=True)
         if i % 5 == 0:
-            # The caller drops its tensor at once: only the Work holds it. Memory the allocator
-            # hands out next must not receive that collective's copy-back.
-            works.append((i, n, w, None))
-            del t
-            fresh = torch.full((n,), -7.0, device=dev)
-            freed.append(fresh)
+            del t, w
         else:
-            works.append((i, n, w, t))
-            kept.append(t)
+            works.append((i, w, t))
+        sentinels.append(torch.full((sizes[(i + 1) % 4],), -7.0, device=dev))
         junk = torch.empty(int(torch.randint(1, 300000, (1,), generator=gen)), device=dev).fill_(-1.0)
         del junk
     bad = 0
-    for i, n, w, t in works:
+    for i, w, t in works:
         w.wait()
-        out = t if t is not None else w.result()[0]
         want = float(sum(r + i % 97 for r in range(world_size)))
-        bad += int((out != want).sum().item())
-    for f in freed:
-        bad += int((f != -7.0).sum().item())
+        bad += int((t != want).sum().item())
+    wrong_sentinels = sum(int((s != -7.0).sum().item()) for s in sentinels)
     _sync(dev)
-    return {"wrong": bad, "digest": digest(torch.cat([t.cpu() for t in kept[:50]]))}
+    return {"wrong": bad, "sentinels": wrong_sentinels,
+            "digest": digest(torch.cat([t.reshape(-1).cpu() for _, _, t in works[:50]]))}
 
 
 @pytest.mark.parametrize("kind", DEVICE_TYPES)
 def test_race_burst_exact(kind):
     values = check_ok(run_ranks(_race_burst, 3, kind, deadline_s=300))
     assert [v["wrong"] for v in values] == [0, 0, 0], values
+    assert [v["sentinels"] for v in values] == [0, 0, 0], "memory freed after issue was overwritten"
     assert len({v["digest"] for v in values}) == 1
 
 
