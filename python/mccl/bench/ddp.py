@@ -391,7 +391,7 @@ def main(args) -> int:
     n_params = sum(p.numel() for p in params)
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     variants = make_variants(names, info.model, dev, groups, args, manual_group)
-    del info.model
+    del info.model, params  # the CPU original: every variant has its own copy on the device
     gen = torch.Generator().manual_seed(args.seed + 1000 + groups.rank)
     x = torch.randn(args.batch, *info.input_shape, generator=gen).to(dev)
     y = torch.randint(0, info.classes, (args.batch,), generator=gen).to(dev)
