@@ -23,7 +23,9 @@
 #   collectives     all_reduce, all_gather, broadcast of CUDA tensors, 1 KiB .. 64 MiB (x4 steps),
 #                   busbw against the measured goodput; COLL_ARGS adds options
 # Environment: HOSTS (4), RATE (5gbit), BACKENDS (mccl,gloo), CPUS_PER_HOST (pin each host to that
-# many CPUs of its own, mccl.cluster up --cpus-per-host), DEADLINE (seconds per stage, 1500).
+# many CPUs of its own, mccl.cluster up --cpus-per-host), DEADLINE (seconds per stage, 600: every rank
+# is killed after it, so a hung collective costs one stage, not the call; the ddp stage also prints
+# the variant, step and Python stacks of a rank whose step takes over 120 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
@@ -45,13 +47,13 @@ cl goodput --id x0 --seconds 5 | tee -a "$RES/cluster.txt"
 GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster.txt" | head -1 | cut -d' ' -f1)gbit
 [ "$GP" = gbit ] && GP=measure  # no figure in the cluster tool's output: the ranks measure it themselves
 B="python3 -m mccl.bench"
-D="--deadline ${DEADLINE:-1500}"
+D="--deadline ${DEADLINE:-600}"
 OVERLAP_DEFAULT="--buckets 18 --bucket-mb 25 --compute-ms 100 --matmul 4096 --steps 5 --warmup-steps 1"
 for st in ${STAGES:-ddp overlap collectives}; do
   echo "=== $st $(date +%T)"
   case $st in
     ddp) $B ddp --cluster x0 $D --backends "$BACKENDS" --device cuda ${DDP_MODEL:+--model $DDP_MODEL} --batch 32 \
-           --bucket-mb 25 --warmup-steps 2 --steps 8 ${DDP_ARGS:-} \
+           --bucket-mb 25 --warmup-steps 2 --steps 8 --step-timeout 120 ${DDP_ARGS:-} \
            --json "$RES/ddp.json" --plot "$RES/ddp.png" > "$RES/ddp.txt" 2>&1 ;;
     overlap) $B overlap --cluster x0 $D --backends "$BACKENDS" --device cuda ${OVERLAP_ARGS:-$OVERLAP_DEFAULT} \
            --json "$RES/overlap.json" --plot "$RES/overlap.png" > "$RES/overlap.txt" 2>&1 ;;

@@ -223,6 +223,7 @@ def test_device_and_stage_to_cpu_parse():
     ("ddp", ["--batch", "0"], "must be 1 or more"),
     ("ddp", ["--bucket-mb", "0"], "above 0"),
     ("ddp", ["--lr", "0"], "above 0"),
+    ("ddp", ["--step-timeout", "-1"], "at least 0"),
 ])
 def test_device_and_ddp_arguments_are_checked(command, args, says, capsys):
     with pytest.raises(SystemExit) as exc:

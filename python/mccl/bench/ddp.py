@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import faulthandler
 import hashlib
 import importlib.util
 import itertools
 import os
 import statistics
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -353,6 +355,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", default=None, help="write the results and the run's metadata to this file")
     g.add_argument("--plot", default=None, help="write a PNG bar chart of ms/step per variant")
     g.add_argument("--quiet", action="store_true", help="no line per timed step while running")
+    g.add_argument("--step-timeout", type=_cli.number_at_least(0, what="number of seconds"), default=300.0,
+                   help="a rank whose step (warm-up included) runs longer says which variant and step, and prints "
+                        "its Python stacks, once (0: never); the run goes on until --deadline")
 
 
 def summarize(times: dict[str, list[float]], world: int, batch: int) -> tuple[dict, dict]:
@@ -373,6 +378,25 @@ def summarize(times: dict[str, list[float]], world: int, batch: int) -> tuple[di
         if ref and name != ref and name != "compute":
             ratios[f"{name}/{ref}"] = r["vs_ref"]
     return res, {"reference": ref, "ratios": ratios}
+
+
+def stuck_reporter(timeout: float, rank: int, variant: str, i: int, warmup: int) -> threading.Timer | None:
+    """A started timer that, unless cancelled within ``timeout`` seconds, prints which step of
+    which variant this rank is stuck in and every thread's Python stack (to stderr), so a hung
+    collective on a remote machine can be located from the log (None when ``timeout`` is 0)."""
+    if not timeout:
+        return None
+    what = f"warm-up step {i + 1}" if i < warmup else f"timed step {i - warmup + 1}"
+
+    def report() -> None:
+        print(f"mccl.bench ddp: rank {rank}: {variant}, {what}, still running after {timeout:g} s "
+              f"(--step-timeout); Python stacks:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    timer = threading.Timer(timeout, report)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main(args) -> int:
@@ -425,9 +449,12 @@ def main(args) -> int:
     for i in range(total):
         line = []
         for v in variants:
+            watchdog = stuck_reporter(args.step_timeout, groups.rank, v.name, i, args.warmup_steps)
             dist.barrier(group=groups.control)
             t0 = time.perf_counter()
             train_step(v, x, y, dev)
+            if watchdog:
+                watchdog.cancel()
             # The slowest rank sets the step's time; the ranks left the barrier together.
             dt = max(runtime.gather_objects(time.perf_counter() - t0, groups))
             if i >= args.warmup_steps:
