@@ -16,9 +16,10 @@
 #                   timed steps; DDP_ARGS adds options
 #   overlap         18 x 25 MiB buckets on the GPU, all-reduced there; backward longer than the
 #                   communication (a 25 MiB all-reduce on 4 hosts at 5 Gbit/s takes about 63 ms;
-#                   the compute per bucket is calibrated to 100 ms of 4096^2 matmuls on rank 0
+#                   the compute per bucket is calibrated to 80 ms of 4096^2 matmuls on rank 0
 #                   alone, and the ranks share the GPU, so it runs longer when they compute at
-#                   once); OVERLAP_ARGS replaces those options
+#                   once: 2.2x the calibration with 2 ranks on the H200); OVERLAP_ARGS replaces
+#                   those options
 #   overlap-staged  the same with --stage-to-cpu (buckets copied to CPU tensors first: the old way)
 #   collectives     all_reduce, all_gather, broadcast of CUDA tensors, 1 KiB .. 64 MiB (x4 steps),
 #                   busbw against the measured goodput; COLL_ARGS adds options
@@ -48,7 +49,7 @@ GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster.txt" | head -1 | cut -d' ' -f1)gbit
 [ "$GP" = gbit ] && GP=measure  # no figure in the cluster tool's output: the ranks measure it themselves
 B="python3 -m mccl.bench"
 D="--deadline ${DEADLINE:-600}"
-OVERLAP_DEFAULT="--buckets 18 --bucket-mb 25 --compute-ms 100 --matmul 4096 --steps 5 --warmup-steps 1"
+OVERLAP_DEFAULT="--buckets 18 --bucket-mb 25 --compute-ms 80 --matmul 4096 --steps 5 --warmup-steps 1"
 for st in ${STAGES:-ddp overlap collectives}; do
   echo "=== $st $(date +%T)"
   case $st in
