@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine: build the extension against the machine's torch (with CUDA),
-# then run the device tests (tests/python/test_devices.py, which skip on machines without a GPU)
-# with their log and a JUnit report in $OUT. TESTS narrows the selection (pytest -k expression).
+# then run the device tests (tests/python/test_devices.py, which skip on machines without a GPU),
+# each test in a pytest process of its own under TEST_TIMEOUT seconds (default 90), so that a
+# failure's traceback is printed (and lands in $OUT/tests.log) as soon as that test ends, and one
+# hang costs one test, not the call. TESTS narrows the selection (a pytest -k expression).
 #
 #   bash bench/device_cuda_tests.sh                  # every device test
 #   TESTS="race or stall" bash bench/device_cuda_tests.sh
@@ -16,5 +18,15 @@ t=$(date +%s)
 MAX_JOBS=${MAX_JOBS:-16} python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "# build: $(( $(date +%s) - t )) s"
 python3 -c "import mccl, torch; print('mccl devices', mccl.DEVICES, 'cuda', torch.cuda.is_available())"
-timeout ${TEST_TIMEOUT:-560} python3 -m pytest -v -rs -p no:cacheprovider tests/python/test_devices.py \
-  ${TESTS:+-k "$TESTS"} --junitxml "$OUT/junit.xml" 2>&1 | tee "$OUT/tests.log" | grep -E "PASS|FAIL|ERROR|SKIP|passed|failed|Error|assert" | head -80
+set -f  # test ids hold brackets: no globbing
+ids=$(python3 -m pytest -q --collect-only -p no:cacheprovider tests/python/test_devices.py ${TESTS:+-k "$TESTS"} \
+      2>/dev/null | grep '::' | grep -v '\-mps\]\|\[mps\]')
+for id in $ids; do
+  s=$(date +%s)
+  timeout -k 5 "${TEST_TIMEOUT:-90}" python3 -m pytest -q -p no:cacheprovider --tb=short -o timeout="${TEST_TIMEOUT:-90}" "$id" \
+    > "$OUT/one.log" 2>&1
+  rc=$?
+  echo "## $id: rc=$rc in $(( $(date +%s) - s )) s" | tee -a "$OUT/tests.log"
+  [ $rc -eq 0 ] || grep -v "FutureWarning\|return func\|^\s*$" "$OUT/one.log" | tail -n 60 | tee -a "$OUT/tests.log"
+done
+rm -f "$OUT/one.log"
