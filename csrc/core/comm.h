@@ -117,7 +117,7 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
 mcclResult_t mcclP2pInit(struct mcclComm* comm);
 void mcclP2pFree(struct mcclComm* comm);
 void mcclP2pSubmit(struct mcclComm* comm, struct mcclRequest* req);
-int mcclP2pBusy(struct mcclComm* comm);
+int mcclP2pBusy(struct mcclComm* comm); /* engine thread, under qlock */
 /* 1 while a submitted send or receive waits for its producer (device work writing its buffer). */
 int mcclP2pWaiting(struct mcclComm* comm);
 /* 1 once a send or receive passed its deadline with its message partly on the wire: the progress

@@ -135,7 +135,10 @@ static mcclResult_t awaitProducer(struct mcclComm* comm, struct mcclRequest* req
       return mcclTimeout;
     }
     if (until > req->op.deadline_ns) until = req->op.deadline_ns;
-    if (mcclP2pBusy(comm)) {
+    pthread_mutex_lock(&comm->qlock); /* callers append point-to-point work under it */
+    int p2p = mcclP2pBusy(comm);
+    pthread_mutex_unlock(&comm->qlock);
+    if (p2p) {
       mcclResult_t p = mcclTransportProgress(&comm->tp, until, &comm->aborted);
       if (p != mcclSuccess && (p != mcclTimeout || mcclP2pStalled(comm))) return p;
     } else {
