@@ -364,6 +364,7 @@ void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
 }
 
 void WorkMCCL::complete(mcclResult_t result) {
+  { std::lock_guard<std::mutex> issued(issuing_); }  // the issuing thread finished the staging
   std::exception_ptr eptr;
   if (result == mcclSuccess) {
     try {
@@ -516,6 +517,7 @@ c10::intrusive_ptr<WorkMCCL> ProcessGroupMCCL::makeWork(c10d::OpType type, const
                                                        std::vector<at::Tensor> outputs, const c10::Device& device,
                                                        CallKind call) {
   contexts_.timeout_ms = timeout_.count();
+  call.follow_up = !call.p2p && comm_ != nullptr && tl_follow.comm == comm_;  // see launch()
   return c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
 }
 
@@ -527,6 +529,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   work->handoff_.consumer_release = &WorkMCCL::onRelease;
   work->staging_->commit(&work->handoff_);  // the producer side (device tensors: tickets, copies)
   work->self_ = work;
+  // The engine may finish the request before issued() below has run: complete() waits for it.
+  std::unique_lock<std::mutex> issuing(work->issuing_);
   mcclOpOptions_t opts;
   std::memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = timeoutMs(timeout, timeout_);

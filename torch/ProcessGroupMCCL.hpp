@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,8 @@ class WorkMCCL : public c10d::Work {
   mcclRequest_t request_ = nullptr;
   mcclComm_t comm_ = nullptr;             // the issuing communicator (follow-up context)
   mcclHandoff_t handoff_{};
+  std::mutex issuing_;                    // held by launch() until the staging's issued() ran:
+                                          // complete() may not overtake it
   std::string error_;
   uint64_t seq_ = 0;
   std::string name_;

@@ -92,11 +92,14 @@ struct DeviceContexts {
   int64_t timeout_ms = 0;  // the group's timeout (bounds the rare host wait for a ticket slot)
 };
 
-// What a Staging serves: a collective (finished in the engine's run order), or a send or receive
-// to or from `peer` (finished in its own order, so its device side must not queue behind others').
+// What a Staging serves: a collective (finished in the engine's run order, which is issue order
+// except for follow-ups, which run right after the collective they follow), or a send or receive
+// to or from `peer` (finished in its own order). A device kind must not queue one's consumer side
+// behind another that finishes later.
 struct CallKind {
   bool p2p = false;
   int peer = -1;
+  bool follow_up = false;  // issued from a Future callback of the group: runs before later-issued ones
 };
 
 // A device kind: makes Stagings for collectives on devices of its type.

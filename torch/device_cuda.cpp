@@ -15,14 +15,21 @@
 //      lane, when the collective is finished, also on error, timeout or abort: no stream waits
 //      forever, and the engine calls nothing of CUDA.
 // wait()/synchronize() make the waiter's current stream wait on the consumer event; the Future is
-// completed (on the completion pool) on a stream that waits on it too. Sends and receives copy back
-// on a stream per peer, so one never queues behind another's ticket; collectives finish in the
-// engine's run order and share one.
+// completed (on the completion pool) on a stream that waits on it too. Collectives finish in the
+// engine's run order and share one copy-back stream; follow-ups (issued from Future callbacks, run
+// before collectives issued earlier) have one of their own, and sends and receives one per peer,
+// so no copy-back waits behind a ticket that is raised later than its own. The copy-back stream
+// also waits on an event recorded after the producer write: CUDA's stream memory operations ask
+// that an order they establish be visible to CUDA as well (so its scheduler never serialises a
+// stream wait ahead of the work it depends on).
 //
 // Lifetime: the Work holds the tensors and pinned buffers; the caching allocator is told which side
 // stream uses which tensor (recordDataPtrOnStream), and torch records the pinned buffers' use by
 // each asynchronous copy, so neither reuses memory a pending copy reads or writes (the paper's
-// buffer-reuse race). The context (streams, lanes) lives until the last Work that used it is gone.
+// buffer-reuse race). A context's streams and ticket words are kept for the life of the process:
+// the caching allocator may still hold events to record on those streams for tensors freed later,
+// and freeing mapped host memory would synchronise the device on whatever thread drops the last
+// Work (32 KiB and two or three streams per group and device).
 #include "device.hpp"
 
 #include <dlfcn.h>
@@ -184,32 +191,20 @@ class CudaContext final : public DeviceContext {
   }
 
   ~CudaContext() override {
-    const Driver& d = Driver::get();
-    // Every request of this context was released (each Work holds the context), so every wait
-    // queued on these streams can pass: let them drain before their words go away.
-    try {
-      CtxScope scope(ctx_);
-      std::vector<SideStream*> all = {&d2h_, &coll_h2d_};
-      for (auto& [peer, s] : peer_h2d_) all.push_back(&s);
-      for (SideStream* s : all) {
-        d.cuStreamSynchronize(s->raw);
-        if (s->owned) d.cuStreamDestroy(s->raw);
-      }
-      d.cuMemFreeHost(words_);
-    } catch (...) {
-    }
+    // Every request of this context was released (each Work holds the context): the timelines'
+    // CPU side may go. The words and streams stay (see "Lifetime" above), and so does the retained
+    // primary context they live in.
     mcclTimelineDestroy(producer_);
     for (mcclTimeline_t tl : lanes_) mcclTimelineDestroy(tl);
-    d.cuDevicePrimaryCtxRelease(dev_);
   }
 
   const c10::Device& device() const { return device_; }
 
   // Step 1 (see the top of this file) under the context's lock, so that tickets are written on
   // the copy-out stream in the order they are handed out. Returns the ticket (its lane is
-  // t % kLanes).
+  // t % kLanes); `produced` is recorded right after the ticket's write.
   template <typename CopyOut>
-  uint64_t produce(CopyOut copy_out) {
+  uint64_t produce(CopyOut copy_out, c10::Event& produced) {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t t = next_ticket_ + 1;
     mcclTimeline_t lane = this->lane(t);
@@ -228,6 +223,7 @@ class CudaContext final : public DeviceContext {
       copy_out(d2h_.stream);
     }
     write(d2h_.raw, 0, t);
+    produced.record(d2h_.stream);
     next_ticket_ = t;
     return t;
   }
@@ -235,12 +231,14 @@ class CudaContext final : public DeviceContext {
   mcclTimeline_t producer() const { return producer_; }
   mcclTimeline_t lane(uint64_t ticket) const { return lanes_[ticket % kLanes]; }
 
-  // The copy-back stream: one for collectives, one per peer for sends and receives.
+  // The copy-back stream: one for collectives, one for follow-ups, one per peer for sends and
+  // receives (key -1 - peer, so that any-source receives, peer -1, get one too).
   SideStream& copyBackStream(const CallKind& call) {
-    if (!call.p2p) return coll_h2d_;
+    if (!call.p2p && !call.follow_up) return coll_h2d_;
+    int key = call.p2p ? -2 - call.peer : 0;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = peer_h2d_.find(call.peer);
-    if (it == peer_h2d_.end()) it = peer_h2d_.emplace(call.peer, makeStream()).first;
+    auto it = other_h2d_.find(key);
+    if (it == other_h2d_.end()) it = other_h2d_.emplace(key, makeStream()).first;
     return it->second;
   }
 
@@ -299,7 +297,7 @@ class CudaContext final : public DeviceContext {
   std::vector<mcclTimeline_t> lanes_;
   SideStream d2h_{c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA, 0))};
   SideStream coll_h2d_{c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA, 0))};
-  std::map<int, SideStream> peer_h2d_;
+  std::map<int, SideStream> other_h2d_;  // follow-ups (key 0) and each peer's sends/receives
   std::mutex mu_;
   uint64_t next_ticket_ = 0;
 };
@@ -340,7 +338,7 @@ class CudaStaging final : public Staging {
         dst.copy_(src.detach(), /*non_blocking=*/true);
         recordOn(src, s);
       }
-    });
+    }, produced_);
     h->producer = ctx_->producer();
     h->producer_value = ticket_;
     h->consumer = ctx_->lane(ticket_);
@@ -351,6 +349,7 @@ class CudaStaging final : public Staging {
 
   void issued() override {
     SideStream& s = ctx_->copyBackStream(call_);
+    produced_.block(s.stream);  // a CUDA-visible order as well: producer, then consumer
     ctx_->waitLane(s, ticket_);
     c10::StreamGuard guard(s.stream);
     // Results come back from the pinned buffers: straight into a contiguous tensor of the same
@@ -417,6 +416,7 @@ class CudaStaging final : public Staging {
   std::vector<at::Tensor> buffers_;                       // the pinned buffers
   std::vector<at::Tensor> keep_;                          // device tensors the side streams use
   uint64_t ticket_ = 0;
+  c10::Event produced_{c10::DeviceType::CUDA};            // after the producer's ticket write
   std::optional<c10::Event> done_;                        // after the copy-backs (the consumer event)
 };
 
