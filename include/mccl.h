@@ -341,6 +341,19 @@ MCCL_API uint64_t mcclRequestSeq(mcclRequest_t request);
 /* Releases a hold (idempotent; a no-op on a request never held or on a point-to-point one). */
 MCCL_API mcclResult_t mcclRequestSeal(mcclRequest_t request);
 
+/* An order marker: a request that sends nothing and takes no sequence number, placed in the run
+ * order where the call is made (after every collective issued so far, or, with options->follows
+ * set, as a follow-up of that request), and held there until mcclRequestSeal(*marker). Collectives
+ * issued with mcclOpOptions_t.follows = *marker run at the marker's place, before any collective
+ * issued after it. A completion callback attached at some point of a program can so give the
+ * collectives it will issue that point of the program order, on every rank, whether it runs at
+ * once (its collective already finished) or later on another thread: the torch shim places one
+ * when a callback is attached to a Future of an mccl collective. The marker finishes (mcclWait)
+ * as soon as the engine reaches it; mcclRequestFree it once sealed. Its hold's timeout is the
+ * communicator's, counted from when the engine reached it. Errors: mcclInvalidArgument (NULL
+ * comm or marker, a bad options->follows), mcclInvalidUsage (the communicator is being destroyed). */
+MCCL_API mcclResult_t mcclOrderMarker(mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* marker);
+
 /* The error message of a failed request ("" on success). Valid once mcclWait/mcclTest reported the
  * request done, and inside its consumer_release callback; until mcclRequestFree. */
 MCCL_API const char* mcclRequestError(mcclRequest_t request);

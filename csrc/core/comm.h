@@ -39,6 +39,8 @@ struct mcclRequest {
   int ordered;                    /* a collective (not point-to-point) */
   int state;                      /* MCCL_REQ_QUEUED, MCCL_REQ_OPEN or MCCL_REQ_RETIRED */
   int held, sealed;               /* mcclRequestHold / mcclRequestSeal */
+  int marker;                     /* mcclOrderMarker: nothing to run, no sequence number */
+  uint64_t marker_after;          /* a marker: collectives that ran before it (for messages) */
   struct mcclRequest* follows;    /* the request this one follows up, at issue */
   struct mcclRequest *kids_head, *kids_tail; /* follow-ups waiting to run */
   struct mcclRequest* below;      /* the next open request down the stack */

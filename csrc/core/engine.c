@@ -154,6 +154,10 @@ static mcclResult_t awaitProducer(struct mcclComm* comm, struct mcclRequest* req
 
 static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   char msg[1024];
+  if (req->marker) { /* an order marker: its place in the run order is all there is to it */
+    mcclRequestFinish(req, mcclSuccess, "");
+    return;
+  }
   pthread_mutex_lock(&comm->errlock);
   mcclResult_t failed = comm->async_error;
   if (failed != mcclSuccess)
@@ -194,7 +198,7 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
 }
 
 static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
-                           const mcclOpOptions_t* options, mcclRequest_t* request);
+                           const mcclOpOptions_t* options, mcclRequest_t* request, int marker);
 
 /* How long destroy lets point-to-point work still in flight finish before failing it. */
 #define MCCL_DESTROY_P2P_GRACE_MS 2000
@@ -272,7 +276,8 @@ void* mcclEngineMain(void* arg) {
       pthread_cond_timedwait(&comm->qcond, &comm->qlock, &ts);
       if (commFailed(comm)) failed = 1;
     }
-    if (next == NEXT_RUN) req->op.seq = comm->next_seq++;
+    if (next == NEXT_RUN && !req->marker) req->op.seq = comm->next_seq++;
+    if (next == NEXT_RUN && req->marker) req->marker_after = comm->next_seq;
     int p2p = mcclP2pBusy(comm), stopping = comm->stopping;
     pthread_mutex_unlock(&comm->qlock);
     if (next == NEXT_RUN) {
@@ -284,6 +289,16 @@ void* mcclEngineMain(void* arg) {
       req->below = comm->open;
       comm->open = req;
       pthread_mutex_unlock(&comm->qlock);
+    } else if (expired && blocker->marker) {
+      char msg[1024], where[64] = "before any collective";
+      if (blocker->marker_after > 0)
+        snprintf(where, sizeof(where), "after collective #%llu", (unsigned long long)blocker->marker_after - 1);
+      snprintf(msg, sizeof(msg),
+               "rank %d: a completion callback attached %s did not return within the timeout of "
+               "%lld ms, and collectives issued after it wait for it (a callback's collectives run "
+               "where it was attached, so a callback that waits for a collective issued after that "
+               "point can never finish)", comm->rank, where, (long long)blocker->timeout_ms);
+      failCommunicator(comm, mcclTimeout, msg, sizeof(msg));
     } else if (expired) {
       char msg[1024];
       snprintf(msg, sizeof(msg),
@@ -344,12 +359,28 @@ mcclResult_t mcclEngineSubmitV(struct mcclComm* comm, const mcclOp* op, const si
     return mcclSystemError;
   }
   for (int k = 0; k < 4; k++) memcpy(v + (size_t)k * n, arrays[k], n * sizeof(size_t));
-  return submit(comm, op, v, options, request);
+  return submit(comm, op, v, options, request, 0);
 }
 
 mcclResult_t mcclEngineSubmit(struct mcclComm* comm, const mcclOp* op,
                               const mcclOpOptions_t* options, mcclRequest_t* request) {
-  return submit(comm, op, NULL, options, request);
+  return submit(comm, op, NULL, options, request, 0);
+}
+
+MCCL_API mcclResult_t mcclOrderMarker(mcclComm_t comm, const mcclOpOptions_t* options, mcclRequest_t* marker) {
+  if (comm == NULL || marker == NULL) {
+    mcclSetThreadError("mcclOrderMarker: %s is NULL", comm == NULL ? "comm" : "marker");
+    return mcclInvalidArgument;
+  }
+  mcclOp op;
+  memset(&op, 0, sizeof(op));
+  op.coll = MCCL_COLL_BARRIER; /* never run: only named in messages */
+  op.dtype = mcclUint8;
+  mcclOpOptions_t o;
+  memset(&o, 0, sizeof(o));
+  if (options != NULL) o.follows = options->follows;
+  o.hold = 1;
+  return submit(comm, &op, NULL, &o, marker, 1);
 }
 
 struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* options, int64_t default_timeout_ms) {
@@ -375,9 +406,9 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
   return req;
 }
 
-/* Takes ownership of `v`. */
+/* Takes ownership of `v`. `marker`: an order marker (mcclOrderMarker). */
 static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
-                           const mcclOpOptions_t* options, mcclRequest_t* request) {
+                           const mcclOpOptions_t* options, mcclRequest_t* request, int marker) {
   const char* fn = mcclCollName(op->coll);
   mcclResult_t bad = mcclSuccess;
   if (options && (unsigned)options->algorithm > (unsigned)mcclAlgoTree)
@@ -399,6 +430,7 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
   req->comm = comm;
   atomic_fetch_add(&comm->refs, 1);
   req->ordered = 1;
+  req->marker = marker;
   req->held = options != NULL && options->hold;
   req->op.seq = UINT64_MAX; /* stamped when the engine takes it */
   struct mcclRequest* parent = options ? options->follows : NULL;

@@ -227,7 +227,128 @@ static int rankHoldDestroy(int rank, int nranks, mcclStore_t* store, void* arg) 
   return harness_failures != 0;
 }
 
+/* Order markers (the issue's reproduction, in C): A (large) and B (small) are issued, then a
+ * marker M ("a callback attached to A now"); the callback, which issues C (B's size) and seals M,
+ * runs on rank 0 at once on the main thread (as torch runs a callback attached to a finished
+ * Future) and on the other ranks on a thread of its own once A finished, after a rank-dependent
+ * pause; meanwhile the main thread issues D. Every rank must run A, B, C, D: B and C carry
+ * different values, so an order that differs between ranks sums B with C. Also: a marker whose
+ * callback issues nothing, two collectives in one callback, and a marker that follows a marker. */
+struct markerJob {
+  mcclComm_t comm;
+  int rank;
+  mcclRequest_t parent, marker;
+  int32_t *c1, *c2;
+  size_t n;
+  int two;
+  long pause_us;
+  mcclResult_t res;
+  mcclRequest_t r1, r2;
+};
+
+static void markerCallback(struct markerJob* j) {
+  if (j->parent != NULL) mcclWait(j->parent, 20000);
+  sleepUs(j->pause_us);
+  mcclOpOptions_t o;
+  memset(&o, 0, sizeof(o));
+  o.follows = j->marker;
+  j->res = mcclAllReduce(j->c1, j->c1, j->n, mcclInt32, mcclSum, j->comm, &o, &j->r1);
+  if (j->res == mcclSuccess && j->two) j->res = mcclAllReduce(j->c2, j->c2, j->n + 1, mcclInt32, mcclSum, j->comm, &o, &j->r2);
+  mcclRequestSeal(j->marker);
+}
+
+static void* markerThread(void* arg) {
+  markerCallback(arg);
+  return NULL;
+}
+
+static void fillScaled(int32_t* x, size_t n, int rank, int32_t scale) {
+  for (size_t i = 0; i < n; i++) x[i] = scale * (rank + 1);
+}
+
+static int rankMarkers(int rank, int nranks, mcclStore_t* store, void* arg) {
+  mcclComm_t comm = harnessCommInit(rank, nranks, store);
+  if (comm == NULL) return 1;
+  const size_t na = 300000, n = 4;
+  int32_t* a = malloc(na * sizeof(int32_t));
+  int32_t b[4], c1[4], c2[5], d[4];
+  const int32_t tri = (int32_t)(nranks * (nranks + 1) / 2);
+  for (int round = 0; round < 6; round++) {
+    fill(a, na, rank);
+    fillScaled(b, n, rank, 10);
+    fillScaled(c1, n, rank, 100);
+    fillScaled(c2, n + 1, rank, 1000);
+    fillScaled(d, n, rank, 7);
+    mcclRequest_t ra = NULL, rb = NULL, rd = NULL;
+    EXPECT_OK(comm, mcclAllReduce(a, a, na, mcclInt32, mcclSum, comm, NULL, &ra));
+    EXPECT_OK(comm, mcclAllReduce(b, b, n, mcclInt32, mcclSum, comm, NULL, &rb));
+    struct markerJob j;
+    memset(&j, 0, sizeof(j));
+    j.comm = comm;
+    j.rank = rank;
+    j.c1 = c1;
+    j.c2 = c2;
+    j.n = n;
+    j.two = round % 3 == 1;
+    int none = round % 3 == 2; /* a callback that issues nothing */
+    mcclOpOptions_t mo;
+    memset(&mo, 0, sizeof(mo));
+    mcclRequest_t outer = NULL;
+    if (round >= 3) { /* the marker itself inside an outer marker's context */
+      EXPECT_OK(comm, mcclOrderMarker(comm, NULL, &outer));
+      mo.follows = outer;
+    }
+    EXPECT_OK(comm, mcclOrderMarker(comm, &mo, &j.marker));
+    pthread_t th;
+    int threaded = rank != 0 && !none;
+    if (none) {
+      mcclRequestSeal(j.marker);
+    } else if (threaded) {
+      j.parent = ra;
+      j.pause_us = 2000 * rank;
+      pthread_create(&th, NULL, markerThread, &j);
+    } else {
+      markerCallback(&j); /* inline, at once: A may still run */
+    }
+    if (outer != NULL) mcclRequestSeal(outer);
+    EXPECT_OK(comm, mcclAllReduce(d, d, n, mcclInt32, mcclSum, comm, NULL, &rd));
+    if (threaded) pthread_join(th, NULL);
+    EXPECT(mcclWait(ra, 20000) == mcclSuccess && mcclWait(rb, 20000) == mcclSuccess && mcclWait(rd, 20000) == mcclSuccess,
+           "rank %d round %d: %s %s %s", rank, round, mcclRequestError(ra), mcclRequestError(rb), mcclRequestError(rd));
+    EXPECT(j.res == mcclSuccess, "rank %d round %d: the callback's issue failed", rank, round);
+    if (!none) EXPECT(j.r1 != NULL && mcclWait(j.r1, 20000) == mcclSuccess, "rank %d round %d: C failed", rank, round);
+    if (j.two) EXPECT(j.r2 != NULL && mcclWait(j.r2, 20000) == mcclSuccess, "rank %d round %d: C2 failed", rank, round);
+    EXPECT(checkSum(a, na, nranks, "A") == 0, "rank %d round %d: A", rank, round);
+    for (size_t i = 0; i < n; i++) {
+      EXPECT(b[i] == 10 * tri, "rank %d round %d: B[%zu] = %d, want %d (combined with C?)", rank, round, i, b[i], 10 * tri);
+      EXPECT(d[i] == 7 * tri, "rank %d round %d: D[%zu] = %d", rank, round, i, d[i]);
+      if (!none) EXPECT(c1[i] == 100 * tri, "rank %d round %d: C[%zu] = %d", rank, round, i, c1[i]);
+    }
+    /* The run order: A, B, then the callback's, then D. */
+    uint64_t sa = mcclRequestSeq(ra), sd = mcclRequestSeq(rd);
+    uint64_t want_d = sa + 2 + (none ? 0 : 1) + (j.two ? 1 : 0);
+    EXPECT(mcclRequestSeq(rb) == sa + 1 && sd == want_d, "rank %d round %d: A #%llu B #%llu D #%llu (want D #%llu)", rank,
+           round, (unsigned long long)sa, (unsigned long long)mcclRequestSeq(rb), (unsigned long long)sd,
+           (unsigned long long)want_d);
+    if (!none) EXPECT(mcclRequestSeq(j.r1) == sa + 2, "rank %d round %d: C #%llu", rank, round,
+                      (unsigned long long)mcclRequestSeq(j.r1));
+    EXPECT(mcclRequestSeq(j.marker) == UINT64_MAX, "a marker takes no sequence number");
+    mcclRequestFree(ra);
+    mcclRequestFree(rb);
+    mcclRequestFree(rd);
+    mcclRequestFree(j.r1);
+    mcclRequestFree(j.r2);
+    mcclRequestFree(j.marker);
+    mcclRequestFree(outer);
+  }
+  EXPECT(mcclOrderMarker(NULL, NULL, NULL) == mcclInvalidArgument, "NULL arguments");
+  free(a);
+  EXPECT_OK(comm, mcclCommDestroy(comm));
+  return harness_failures != 0;
+}
+
 int main(void) {
+  for (int n = 2; n <= 4; n++) EXPECT(harnessRunRanks(n, 120, rankMarkers, NULL) == 0, "markers, %d ranks", n);
   for (int n = 2; n <= 4; n++) EXPECT(harnessRunRanks(n, 120, rankOrder, NULL) == 0, "order, %d ranks", n);
   EXPECT(harnessRunRanks(3, 60, rankHoldTimeout, NULL) == 0, "hold timeout");
   EXPECT(harnessRunRanks(2, 60, rankHoldDestroy, NULL) == 0, "hold and destroy");
