@@ -53,7 +53,9 @@ typedef enum {
   mcclNumResults = 12
 } mcclResult_t;
 
-/* Element types. Sizes in bytes: 1, 1, 4, 8, 2, 4, 8, 2, 1. Bool is one byte holding 0 or 1. */
+/* Element types. Sizes in bytes: 1, 1, 4, 8, 2, 4, 8, 2, 1, 2, 2, 4, 8. Bool is one byte holding 0
+ * or 1. The numbers are part of the wire protocol (frames carry them): new types are appended, and
+ * no value ever changes. */
 typedef enum {
   mcclInt8 = 0,
   mcclUint8 = 1,
@@ -64,15 +66,22 @@ typedef enum {
   mcclFloat64 = 6,
   mcclBfloat16 = 7, /* bfloat16; reduced in fp32, rounded to nearest even once per hop. */
   mcclBool = 8,
-  mcclNumTypes = 9
+  mcclInt16 = 9,
+  mcclUint16 = 10,
+  mcclUint32 = 11,
+  mcclUint64 = 12,
+  mcclNumTypes = 13
 } mcclDataType_t;
 
 /* Reduction operators.
- * SUM, PROD, MAX, MIN on every type. Integers wrap around (two's complement) and never pass
- * through floating point. Bool: SUM and MAX are logical OR, PROD and MIN are logical AND.
+ * SUM, PROD, MAX, MIN on every type. Integers (signed and unsigned, 8 to 64 bits) wrap around
+ * (two's complement, i.e. modulo 2^bits) and never pass through floating point; MAX and MIN
+ * compare signed types as signed and unsigned types as unsigned. Bool: SUM and MAX are logical
+ * OR, PROD and MIN are logical AND.
  * MAX/MIN of floats propagate NaN (as torch.maximum/torch.minimum do).
  * AVG: the sum divided by the number of ranks, once, at the end: true division for floating
- * types, division truncating toward zero for integers; not defined for bool.
+ * types, division truncating toward zero for integers (of the wrapped sum, for unsigned types an
+ * unsigned division); not defined for bool.
  * BAND, BOR, BXOR: bitwise, integer and bool types only.
  * PREMUL_SUM: every rank multiplies its own input by mcclOpOptions_t.premul_factor (once, in
  * fp32 for the half types, in the type otherwise), then the products are summed; floating types

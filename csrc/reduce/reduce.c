@@ -162,6 +162,8 @@ uint16_t mcclFloatToBfloat16(float f) { return floatToBf16(f); }
 
 MCCL_INLINE int32_t signed8(uint8_t u) { return u < 0x80u ? (int32_t)u : (int32_t)u - 256; }
 
+MCCL_INLINE int32_t signed16(uint16_t u) { return u < 0x8000u ? (int32_t)u : (int32_t)u - 65536; }
+
 MCCL_INLINE int64_t signed32(uint32_t u) {
   return u < 0x80000000u ? (int64_t)u : (int64_t)u - (int64_t)0x100000000;
 }
@@ -175,6 +177,10 @@ MCCL_INLINE int64_t signed64(uint64_t u) {
  * at most the dividend's, so it fits the narrow type again. */
 MCCL_INLINE int8_t avgInt8(uint8_t sum, uint32_t divisor) {
   return (int8_t)((int64_t)signed8(sum) / (int64_t)divisor);
+}
+
+MCCL_INLINE int16_t avgInt16(uint16_t sum, uint32_t divisor) {
+  return (int16_t)((int64_t)signed16(sum) / (int64_t)divisor);
 }
 
 MCCL_INLINE int32_t avgInt32(uint32_t sum, uint32_t divisor) {
@@ -263,16 +269,20 @@ MCCL_INLINE float minFloat(float x, float y) { return MCCL_FMIN(x, y); }
  */
 
 /* SUM, PROD and the bitwise ops are the same on the bytes for signed and unsigned integers of one
- * width (two's complement), so int8 and uint8 share these loops, and int32 and int64 run them in
- * the unsigned type, where overflow wraps instead of being undefined. */
+ * width (two's complement), so each signed type shares the loops of its unsigned twin (int8 and
+ * uint8, int16 and uint16, int32 and uint32, int64 and uint64), which run in the unsigned type,
+ * where overflow wraps instead of being undefined. The product starts from 1u: uint8_t and
+ * uint16_t operands would otherwise be promoted to (signed) int, where 65535 * 65535 overflows;
+ * 1u * x is unsigned int (or uint64_t), which wraps, and the narrowing to U keeps the low bits. */
 #define MCCL_BITS_KERNELS(SFX, U)          \
   MCCL_KERNEL2(sum##SFX, U, x + y)         \
-  MCCL_KERNEL2(prod##SFX, U, x * y)        \
+  MCCL_KERNEL2(prod##SFX, U, 1u * x * y)   \
   MCCL_KERNEL2(and##SFX, U, x & y)         \
   MCCL_KERNEL2(or##SFX, U, x | y)          \
   MCCL_KERNEL2(xor##SFX, U, x ^ y)
 
 MCCL_BITS_KERNELS(U8, uint8_t)
+MCCL_BITS_KERNELS(U16, uint16_t)
 MCCL_BITS_KERNELS(U32, uint32_t)
 MCCL_BITS_KERNELS(U64, uint64_t)
 
@@ -284,12 +294,24 @@ MCCL_KERNEL2(avgI8, int8_t, avgInt8((uint8_t)((uint8_t)x + (uint8_t)y), divisor)
 MCCL_KERNEL2(maxU8, uint8_t, x > y ? x : y)
 MCCL_KERNEL2(minU8, uint8_t, x < y ? x : y)
 MCCL_KERNEL2(avgU8, uint8_t, (uint8_t)(x + y) / divisor)
+MCCL_KERNEL2(maxI16, int16_t, x > y ? x : y)
+MCCL_KERNEL2(minI16, int16_t, x < y ? x : y)
+MCCL_KERNEL2(avgI16, int16_t, avgInt16((uint16_t)((uint16_t)x + (uint16_t)y), divisor))
+MCCL_KERNEL2(maxU16, uint16_t, x > y ? x : y)
+MCCL_KERNEL2(minU16, uint16_t, x < y ? x : y)
+MCCL_KERNEL2(avgU16, uint16_t, (uint16_t)(x + y) / divisor)
 MCCL_KERNEL2(maxI32, int32_t, x > y ? x : y)
 MCCL_KERNEL2(minI32, int32_t, x < y ? x : y)
 MCCL_KERNEL2(avgI32, int32_t, avgInt32((uint32_t)x + (uint32_t)y, divisor))
+MCCL_KERNEL2(maxU32, uint32_t, x > y ? x : y)
+MCCL_KERNEL2(minU32, uint32_t, x < y ? x : y)
+MCCL_KERNEL2(avgU32, uint32_t, (uint32_t)(x + y) / divisor)
 MCCL_KERNEL2(maxI64, int64_t, x > y ? x : y)
 MCCL_KERNEL2(minI64, int64_t, x < y ? x : y)
 MCCL_KERNEL2(avgI64, int64_t, avgInt64((uint64_t)x + (uint64_t)y, divisor))
+MCCL_KERNEL2(maxU64, uint64_t, x > y ? x : y)
+MCCL_KERNEL2(minU64, uint64_t, x < y ? x : y)
+MCCL_KERNEL2(avgU64, uint64_t, (x + y) / divisor)
 
 /* Bool: any nonzero byte is true and every output byte is exactly 0 or 1. */
 MCCL_KERNEL2(orBool, uint8_t, (x | y) != 0)
@@ -327,8 +349,12 @@ MCCL_HALF_KERNELS(BF16, bf16Widen, floatToBf16)
 /* Integer division for mcclReduceDivide, truncating toward zero (see avgInt8). */
 MCCL_KERNEL1(divI8, int8_t, (int64_t)x / (int64_t)divisor)
 MCCL_KERNEL1(divU8, uint8_t, x / divisor)
+MCCL_KERNEL1(divI16, int16_t, (int64_t)x / (int64_t)divisor)
+MCCL_KERNEL1(divU16, uint16_t, x / divisor)
 MCCL_KERNEL1(divI32, int32_t, (int64_t)x / (int64_t)divisor)
+MCCL_KERNEL1(divU32, uint32_t, x / divisor)
 MCCL_KERNEL1(divI64, int64_t, x / (int64_t)divisor)
+MCCL_KERNEL1(divU64, uint64_t, x / divisor)
 
 /* ---------------------------------------------------------------------------------------------
  * The (datatype, op) table. Each switch runs once per call. Ops that the datatype does not
@@ -360,8 +386,12 @@ MCCL_KERNEL1(divI64, int64_t, x / (int64_t)divisor)
 
 MCCL_INT_REDUCE(reduceInt8, U8, I8)
 MCCL_INT_REDUCE(reduceUint8, U8, U8)
+MCCL_INT_REDUCE(reduceInt16, U16, I16)
+MCCL_INT_REDUCE(reduceUint16, U16, U16)
 MCCL_INT_REDUCE(reduceInt32, U32, I32)
+MCCL_INT_REDUCE(reduceUint32, U32, U32)
 MCCL_INT_REDUCE(reduceInt64, U64, I64)
+MCCL_INT_REDUCE(reduceUint64, U64, U64)
 
 #define MCCL_FLOAT_REDUCE(NAME, SFX)                                                          \
   MCCL_INLINE void NAME(void* dst, const void* a, const void* b, size_t count, mcclRedOp_t op, \
@@ -415,6 +445,10 @@ MCCL_INLINE void reduceBody(void* dst, const void* a, const void* b, size_t coun
     case mcclFloat64: reduceFloat64(dst, a, b, count, op, divisor); break;
     case mcclBfloat16: reduceBfloat16(dst, a, b, count, op, divisor); break;
     case mcclBool: reduceBool(dst, a, b, count, op); break;
+    case mcclInt16: reduceInt16(dst, a, b, count, op, divisor); break;
+    case mcclUint16: reduceUint16(dst, a, b, count, op, divisor); break;
+    case mcclUint32: reduceUint32(dst, a, b, count, op, divisor); break;
+    case mcclUint64: reduceUint64(dst, a, b, count, op, divisor); break;
     default: break;
   }
 }
@@ -431,6 +465,10 @@ MCCL_INLINE void divideBody(void* dst, const void* src, size_t count, mcclDataTy
     case mcclFloat32: divF32(dst, src, count, divisor); break;
     case mcclFloat64: divF64(dst, src, count, divisor); break;
     case mcclBfloat16: divBF16(dst, src, count, divisor); break;
+    case mcclInt16: divI16(dst, src, count, divisor); break;
+    case mcclUint16: divU16(dst, src, count, divisor); break;
+    case mcclUint32: divU32(dst, src, count, divisor); break;
+    case mcclUint64: divU64(dst, src, count, divisor); break;
     default: break;
   }
 }
@@ -660,11 +698,15 @@ MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype) {
     case mcclInt8:
     case mcclUint8:
     case mcclBool: return 1;
+    case mcclInt16:
+    case mcclUint16:
     case mcclFloat16:
     case mcclBfloat16: return 2;
     case mcclInt32:
+    case mcclUint32:
     case mcclFloat32: return 4;
     case mcclInt64:
+    case mcclUint64:
     case mcclFloat64: return 8;
     default: return 0;
   }

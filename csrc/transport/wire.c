@@ -35,8 +35,11 @@ const char* mcclCollName(int coll) {
 }
 
 const char* mcclDtypeName(int dtype) {
-  static const char* names[] = {"int8", "uint8", "int32", "int64", "float16",
-                                "float32", "float64", "bfloat16", "bool"};
+  /* Indexed by mcclDataType_t, whose numbers the wire carries. */
+  static const char* names[] = {"int8",    "uint8",   "int32",    "int64", "float16",
+                                "float32", "float64", "bfloat16", "bool",  "int16",
+                                "uint16",  "uint32",  "uint64"};
+  _Static_assert(sizeof(names) / sizeof(names[0]) == mcclNumTypes, "one name per mcclDataType_t");
   return dtype >= 0 && dtype < (int)(sizeof(names) / sizeof(names[0])) ? names[dtype] : "unknown-dtype";
 }
 

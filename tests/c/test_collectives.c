@@ -1,8 +1,8 @@
 /*
- * test_collectives.c: all-reduce (ring and recursive doubling, forced), broadcast, all-gather and
- * barrier on 1..9 ranks forked on 127.0.0.1, with random start skew per rank, against exact
- * references; every rank reports a digest of every result and the harness checks they agree
- * bitwise. Inputs are small integers so every dtype's result is exact.
+ * test_collectives.c: all-reduce (ring and recursive doubling, forced) of every dtype and op, every
+ * other collective and send/recv of every dtype, broadcast, all-gather and barrier on 1..9 ranks
+ * forked on 127.0.0.1, with random start skew per rank, against exact references; every rank
+ * reports a digest of every result and the harness checks they agree bitwise. Inputs are small integers so every dtype's result is exact.
  *
  * Usage: test_collectives [max_ranks]   (default 9)
  *
@@ -18,18 +18,24 @@
 
 #include "harness.h"
 #include "reduce/reduce.h"
+#include "transport/wire.h"
+
+static int isUnsigned(mcclDataType_t dt) {
+  return dt == mcclUint8 || dt == mcclUint16 || dt == mcclUint32 || dt == mcclUint64;
+}
 
 /* The integer value rank r contributes at index i for `op` (small, so sums and products of up to
- * 9 ranks are exact in every floating type, including fp16 and bf16). */
+ * 9 ranks are exact in every floating type, including fp16 and bf16; non-negative for the
+ * unsigned types). */
 static int64_t inputValue(mcclDataType_t dt, mcclRedOp_t op, int r, size_t i) {
   if (dt == mcclBool) return (i % 5 == 0) ? 1 : ((i + (size_t)r) % 3 == 0);
   if (op == mcclProd) {
     static const int v[5] = {1, 2, -1, -2, 1};
     int64_t x = v[(i * 3 + (size_t)r) % 5];
-    return dt == mcclUint8 ? (x < 0 ? -x : x) : x;
+    return isUnsigned(dt) ? (x < 0 ? -x : x) : x;
   }
   int64_t x = (int64_t)((i * 7 + (size_t)r * 13) % 11) - 5;
-  return dt == mcclUint8 ? x + 5 : x;
+  return isUnsigned(dt) ? x + 5 : x;
 }
 
 static void storeValue(void* buf, mcclDataType_t dt, size_t i, double v) {
@@ -39,6 +45,10 @@ static void storeValue(void* buf, mcclDataType_t dt, size_t i, double v) {
     case mcclBool: ((uint8_t*)buf)[i] = v != 0; break;
     case mcclInt32: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
     case mcclInt64: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case mcclInt16: ((int16_t*)buf)[i] = (int16_t)(int64_t)v; break;
+    case mcclUint16: ((uint16_t*)buf)[i] = (uint16_t)(int64_t)v; break;
+    case mcclUint32: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
+    case mcclUint64: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
     case mcclFloat16: ((uint16_t*)buf)[i] = mcclFloatToHalf((float)v); break;
     case mcclBfloat16: ((uint16_t*)buf)[i] = mcclFloatToBfloat16((float)v); break;
     case mcclFloat32: ((float*)buf)[i] = (float)v; break;
@@ -99,8 +109,9 @@ static int quick; /* MCCL_TEST_QUICK: smaller buffers and worlds (see the top of
 static void skew(uint64_t* rng) { harnessSleepUs(harnessRandom(rng) % 3000); }
 
 static const mcclRedOp_t kOps[] = {mcclSum, mcclProd, mcclMax, mcclMin, mcclAvg};
-static const mcclDataType_t kTypes[] = {mcclInt8, mcclUint8, mcclInt32, mcclInt64, mcclFloat16,
-                                        mcclFloat32, mcclFloat64, mcclBfloat16, mcclBool};
+static const mcclDataType_t kTypes[] = {mcclInt8,    mcclUint8,   mcclInt32,   mcclInt64, mcclFloat16,
+                                        mcclFloat32, mcclFloat64, mcclBfloat16, mcclBool,  mcclInt16,
+                                        mcclUint16,  mcclUint32,  mcclUint64};
 
 /* One all-reduce: fill, run, compare with the reference, report the digest. */
 static void checkAllReduce(mcclComm_t comm, int r, int n, mcclDataType_t dt, mcclRedOp_t op,
@@ -130,6 +141,98 @@ static void checkAllReduce(mcclComm_t comm, int r, int n, mcclDataType_t dt, mcc
   free(send);
   if (!in_place) free(recv);
   free(ref);
+}
+
+/* Element i of the input "rank" `who` (any number: it only seeds the values) would contribute,
+ * in dtype dt's representation (as fillInput writes it). */
+static void storeInput(void* buf, mcclDataType_t dt, size_t at, mcclRedOp_t op, int who, size_t i) {
+  storeValue(buf, dt, at, (double)inputValue(dt, op, who, i));
+}
+
+/* Compare `count` elements with `want`; one check, naming the first wrong element. */
+static void expectSame(const void* got, const void* want, mcclDataType_t dt, size_t count, const char* what,
+                       int r, int n) {
+  size_t esz = mcclDataTypeSize(dt), bad = 0, first = 0;
+  for (size_t i = 0; i < count; i++)
+    if (memcmp((const char*)got + i * esz, (const char*)want + i * esz, esz) != 0 && bad++ == 0) first = i;
+  EXPECT(bad == 0, "%s %s rank %d n=%d count=%zu: %zu wrong, first at %zu", what, mcclDtypeName(dt), r, n, count,
+         bad, first);
+}
+
+/* Every collective once for dtype dt (a count that is not a multiple of n): broadcast, all-gather,
+ * reduce-scatter (SUM) and reduce (MAX, defined for every dtype), all-to-all, gather, scatter
+ * and a ring of sends and receives, each against an exact reference. */
+static void checkEveryCollective(mcclComm_t comm, int r, int n, mcclDataType_t dt, uint64_t* rng) {
+  const size_t c = 37 + (size_t)n, nc = c * (size_t)n, esz = mcclDataTypeSize(dt);
+  char* in = malloc(nc * esz);
+  char* out = malloc(nc * esz);
+  char* want = malloc(nc * esz);
+  /* Broadcast from the last rank. */
+  const int last = n - 1;
+  for (size_t i = 0; i < c; i++) storeInput(want, dt, i, mcclSum, 100 + last, i);
+  if (r == last) memcpy(out, want, c * esz);
+  else memset(out, 0xA5, c * esz);
+  skew(rng);
+  EXPECT_OK(comm, mcclBroadcast(out, c, dt, last, comm, NULL, NULL));
+  expectSame(out, want, dt, c, "broadcast", r, n);
+  /* All-gather: block q is rank q's input. */
+  for (size_t i = 0; i < c; i++) storeInput(in, dt, i, mcclSum, r, i);
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < c; i++) storeInput(want, dt, (size_t)q * c + i, mcclSum, q, i);
+  skew(rng);
+  EXPECT_OK(comm, mcclAllGather(in, out, c, dt, comm, NULL, NULL));
+  expectSame(out, want, dt, nc, "allgather", r, n);
+  harnessReport(harnessDigest(out, nc * esz));
+  /* Reduce-scatter SUM: every rank's input is the n * c elements of fillInput, and this rank's
+   * block r of the result is the reference at global indices r * c + i. */
+  fillInput(in, dt, mcclSum, r, nc);
+  for (size_t i = 0; i < c; i++) referenceValue(want, dt, mcclSum, n, (size_t)r * c + i);
+  skew(rng);
+  EXPECT_OK(comm, mcclReduceScatter(in, out, c, dt, mcclSum, comm, NULL, NULL));
+  expectSame(out, want + (size_t)r * c * esz, dt, c, "reduce_scatter", r, n);
+  /* Reduce MAX to rank 0. */
+  fillInput(in, dt, mcclMax, r, c);
+  for (size_t i = 0; i < c; i++) referenceValue(want, dt, mcclMax, n, i);
+  memset(out, 0xA5, c * esz);
+  skew(rng);
+  EXPECT_OK(comm, mcclReduce(in, out, c, dt, mcclMax, 0, comm, NULL, NULL));
+  if (r == 0) expectSame(out, want, dt, c, "reduce max", r, n);
+  /* All-to-all: block j of rank q's input goes to rank j. */
+  fillInput(in, dt, mcclSum, r, nc);
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < c; i++) storeInput(want, dt, (size_t)q * c + i, mcclSum, q, (size_t)r * c + i);
+  skew(rng);
+  EXPECT_OK(comm, mcclAllToAll(in, out, c, dt, comm, NULL, NULL));
+  expectSame(out, want, dt, nc, "alltoall", r, n);
+  /* Gather to the last rank, scatter from rank 0. */
+  for (size_t i = 0; i < c; i++) storeInput(in, dt, i, mcclSum, r, i);
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < c; i++) storeInput(want, dt, (size_t)q * c + i, mcclSum, q, i);
+  skew(rng);
+  EXPECT_OK(comm, mcclGather(in, out, c, dt, last, comm, NULL, NULL));
+  if (r == last) expectSame(out, want, dt, nc, "gather", r, n);
+  fillInput(in, dt, mcclSum, 0, nc);
+  for (size_t i = 0; i < c; i++) storeInput(want, dt, i, mcclSum, 0, (size_t)r * c + i);
+  skew(rng);
+  EXPECT_OK(comm, mcclScatter(in, out, c, dt, 0, comm, NULL, NULL));
+  expectSame(out, want, dt, c, "scatter", r, n);
+  /* Sends and receives around the ring, tagged with the dtype. */
+  if (n > 1) {
+    const int to = (r + 1) % n, from = (r + n - 1) % n;
+    for (size_t i = 0; i < c; i++) storeInput(in, dt, i, mcclSum, r, i);
+    for (size_t i = 0; i < c; i++) storeInput(want, dt, i, mcclSum, from, i);
+    mcclRequest_t send = NULL;
+    EXPECT_OK(comm, mcclSend(in, c, dt, to, (int)dt, comm, NULL, &send));
+    EXPECT_OK(comm, mcclRecv(out, c, dt, from, (int)dt, comm, NULL, NULL));
+    if (send != NULL) {
+      EXPECT(mcclWait(send, -1) == mcclSuccess, "send %s: %s", mcclDtypeName(dt), mcclRequestError(send));
+      mcclRequestFree(send);
+    }
+    expectSame(out, want, dt, c, "send/recv", r, n);
+  }
+  free(in);
+  free(out);
+  free(want);
 }
 
 /* Reduce (to the first and last rank), reduce-scatter, gather, scatter, all-to-all (even and
@@ -269,6 +372,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
         if (mcclReduceCheck(kTypes[t], kOps[o]) != mcclSuccess) continue;
         checkAllReduce(comm, r, n, kTypes[t], kOps[o], 1000 + (size_t)n, algos[a], (int)(t + o) % 2, &rng);
       }
+
+  /* Every other collective, once per dtype. */
+  for (size_t t = 0; t < sizeof(kTypes) / sizeof(kTypes[0]); t++) checkEveryCollective(comm, r, n, kTypes[t], &rng);
 
   /* Edge and large counts, int32 SUM (exact, every byte position different). */
   const size_t big = quick ? (1u << 18) + 3 : (1u << 20) + 3;

@@ -27,7 +27,8 @@
 void mcclReduceForcePortable(int on);
 
 static const char* const kTypeNames[mcclNumTypes] = {
-    "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16", "bool"};
+    "int8",    "uint8",   "int32", "int64", "float16", "float32", "float64",
+    "bfloat16", "bool",   "int16", "uint16", "uint32", "uint64"};
 static const char* const kOpNames[mcclNumOps] = {"sum", "prod", "max", "min", "avg",
                                                  "band", "bor", "bxor", "premul_sum"};
 
@@ -41,7 +42,7 @@ static int64_t rndRange(int64_t lo, int64_t hi) {
 }
 
 static size_t typeSize(mcclDataType_t t) {
-  static const size_t sizes[mcclNumTypes] = {1, 1, 4, 8, 2, 4, 8, 2, 1};
+  static const size_t sizes[mcclNumTypes] = {1, 1, 4, 8, 2, 4, 8, 2, 1, 2, 2, 4, 8};
   return sizes[t];
 }
 
@@ -314,12 +315,11 @@ static void testConversionSpecials(void) {
  * Reference reductions, one element at a time, on raw element bytes.
  */
 
-static int intBits(mcclDataType_t t) {
-  return t == mcclInt32 ? 32 : t == mcclInt64 ? 64 : 8;
-}
+/* Integer types (not bool): the width is the element size, and only the int* types are signed. */
+static int intBits(mcclDataType_t t) { return 8 * (int)typeSize(t); }
 
 static int intSigned(mcclDataType_t t) {
-  return t == mcclInt8 || t == mcclInt32 || t == mcclInt64;
+  return t == mcclInt8 || t == mcclInt16 || t == mcclInt32 || t == mcclInt64;
 }
 
 static uint64_t loadRaw(const void* p, mcclDataType_t t) {
@@ -484,10 +484,10 @@ static void elemString(char* buf, size_t cap, const void* p, mcclDataType_t t) {
   uint64_t raw = loadRaw(p, t);
   if (isFloatType(t)) {
     snprintf(buf, cap, "%.17g (0x%llx)", refLoadFloat(p, t), (unsigned long long)raw);
+  } else if (intSigned(t)) {
+    snprintf(buf, cap, "%lld (0x%llx)", (long long)signExtend(raw, intBits(t)), (unsigned long long)raw);
   } else {
-    snprintf(buf, cap, "%lld (0x%llx)",
-             (long long)(intSigned(t) ? signExtend(raw, intBits(t)) : (int64_t)raw),
-             (unsigned long long)raw);
+    snprintf(buf, cap, "%llu (0x%llx)", (unsigned long long)raw, (unsigned long long)raw);
   }
 }
 
@@ -955,6 +955,50 @@ static void testScale(void) {
   }
 }
 
+/* Hand-picked cases of the 16-bit and unsigned types, next to the randomized sweep: wrap-around
+ * at the type's width (a uint16 product that would overflow int), unsigned comparison of values
+ * with the top bit set, AVG of a wrapped sum (unsigned division) and truncation toward zero for
+ * int16. */
+static void testNewIntegerTypes(const char* build) {
+  uint16_t u16a[3] = {65535, 40000, 7}, u16b[3] = {65535, 40000, 9}, u16d[3];
+  mcclReduceKernel(u16d, u16a, u16b, 3, mcclUint16, mcclProd, 1);
+  EXPECT(u16d[0] == 1 && u16d[1] == (uint16_t)(40000u * 40000u) && u16d[2] == 63,
+         "%s uint16 prod: %u %u %u", build, u16d[0], u16d[1], u16d[2]);
+  mcclReduceKernel(u16d, u16a, u16b, 3, mcclUint16, mcclSum, 1);
+  EXPECT(u16d[0] == 65534 && u16d[1] == 14464 && u16d[2] == 16, "%s uint16 sum: %u %u %u", build,
+         u16d[0], u16d[1], u16d[2]);
+  mcclReduceKernel(u16d, u16a, u16b, 3, mcclUint16, mcclAvg, 2);
+  EXPECT(u16d[0] == 32767 && u16d[1] == 7232 && u16d[2] == 8, "%s uint16 avg: %u %u %u", build,
+         u16d[0], u16d[1], u16d[2]);
+  int16_t i16a[4] = {-32768, 32767, -7, 100}, i16b[4] = {-1, 1, 0, -100}, i16d[4];
+  mcclReduceKernel(i16d, i16a, i16b, 4, mcclInt16, mcclSum, 1);
+  EXPECT(i16d[0] == 32767 && i16d[1] == -32768 && i16d[2] == -7 && i16d[3] == 0,
+         "%s int16 sum: %d %d %d %d", build, i16d[0], i16d[1], i16d[2], i16d[3]);
+  mcclReduceKernel(i16d, i16a, i16b, 4, mcclInt16, mcclMin, 1);
+  EXPECT(i16d[0] == -32768 && i16d[1] == 1 && i16d[2] == -7 && i16d[3] == -100,
+         "%s int16 min: %d %d %d %d", build, i16d[0], i16d[1], i16d[2], i16d[3]);
+  mcclReduceKernel(i16d, i16a, i16b, 4, mcclInt16, mcclAvg, 2);
+  EXPECT(i16d[0] == 16383 && i16d[1] == -16384 && i16d[2] == -3 && i16d[3] == 0,
+         "%s int16 avg: %d %d %d %d", build, i16d[0], i16d[1], i16d[2], i16d[3]);
+  uint32_t u32a[2] = {0xffffffffu, 0x80000000u}, u32b[2] = {1, 0x7fffffffu}, u32d[2];
+  mcclReduceKernel(u32d, u32a, u32b, 2, mcclUint32, mcclMax, 1);
+  EXPECT(u32d[0] == 0xffffffffu && u32d[1] == 0x80000000u, "%s uint32 max: %x %x", build, u32d[0], u32d[1]);
+  mcclReduceKernel(u32d, u32a, u32b, 2, mcclUint32, mcclAvg, 3);
+  EXPECT(u32d[0] == 0 && u32d[1] == 0x55555555u, "%s uint32 avg: %x %x", build, u32d[0], u32d[1]);
+  uint64_t u64a[2] = {UINT64_MAX, 1ull << 63}, u64b[2] = {UINT64_MAX, 3}, u64d[2];
+  mcclReduceKernel(u64d, u64a, u64b, 2, mcclUint64, mcclProd, 1);
+  EXPECT(u64d[0] == 1 && u64d[1] == 1ull << 63, "%s uint64 prod: %llx %llx", build,
+         (unsigned long long)u64d[0], (unsigned long long)u64d[1]);
+  mcclReduceKernel(u64d, u64a, u64b, 2, mcclUint64, mcclMin, 1);
+  EXPECT(u64d[0] == UINT64_MAX && u64d[1] == 3, "%s uint64 min", build);
+  mcclReduceKernel(u64d, u64a, u64b, 2, mcclUint64, mcclBxor, 1);
+  EXPECT(u64d[0] == 0 && u64d[1] == ((1ull << 63) | 3), "%s uint64 bxor", build);
+  mcclReduceDivide(u64d, u64a, 2, mcclUint64, 2);
+  EXPECT(u64d[0] == UINT64_MAX / 2 && u64d[1] == 1ull << 62, "%s uint64 divide", build);
+  mcclReduceDivide(i16d, i16a, 4, mcclInt16, 3);
+  EXPECT(i16d[0] == -10922 && i16d[1] == 10922 && i16d[2] == -2 && i16d[3] == 33, "%s int16 divide", build);
+}
+
 int main(void) {
   size_t bytes = (size_t)kBufElems * 8;
   buf_a = malloc(bytes);
@@ -981,6 +1025,7 @@ int main(void) {
     const char* build = portable ? "portable" : "native";
     mcclReduceForcePortable(portable);
     testReduceAll(build);
+    testNewIntegerTypes(build);
     testNanAndZero(build);
     testDivide(build);
   }

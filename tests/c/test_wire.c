@@ -176,8 +176,15 @@ static void testFrames(void) {
   expectFrameStatus(hdr, 1, MCCL_WIRE_BAD_EXTENT, NULL, "offset + length wrapping around");
   loopbackP2pHeader(hdr, 5, 0, mcclInt64, UINT64_MAX / 4, 0, 8);
   expectFrameStatus(hdr, 1, MCCL_WIRE_BAD_EXTENT, "more than memory", "count * size overflowing");
-  loopbackP2pHeader(hdr, 5, 0, (mcclDataType_t)9, 10, 0, 10);
-  expectFrameStatus(hdr, 1, MCCL_WIRE_BAD_DTYPE, "dtype 9", "unknown dtype");
+  loopbackP2pHeader(hdr, 5, 0, (mcclDataType_t)13, 10, 0, 10); /* mcclNumTypes: the first unknown */
+  expectFrameStatus(hdr, 1, MCCL_WIRE_BAD_DTYPE, "dtype 13", "unknown dtype");
+  loopbackP2pHeader(hdr, 5, 0, mcclUint64, 10, 0, 80); /* the last dtype, appended after bool */
+  expectFrameStatus(hdr, 1, MCCL_WIRE_OK, NULL, "a uint64 message");
+  EXPECT(strcmp(mcclDtypeName(mcclInt16), "int16") == 0 && strcmp(mcclDtypeName(mcclUint16), "uint16") == 0 &&
+             strcmp(mcclDtypeName(mcclUint32), "uint32") == 0 && strcmp(mcclDtypeName(mcclUint64), "uint64") == 0 &&
+             strcmp(mcclDtypeName(mcclBool), "bool") == 0 && strcmp(mcclDtypeName(mcclNumTypes), "unknown-dtype") == 0,
+         "dtype names: %s %s %s %s", mcclDtypeName(mcclInt16), mcclDtypeName(mcclUint16), mcclDtypeName(mcclUint32),
+         mcclDtypeName(mcclUint64));
 
   /* Matching a collective frame names the fields that differ. */
   mcclFrame want;
