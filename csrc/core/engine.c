@@ -177,6 +177,9 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
           mcclDtypeName(req->op.dtype));
     res = runPremul(comm, req);
   }
+  /* Consistent failure: a peer whose notice that it failed this collective is already here makes
+   * it fail here too, instead of succeeding on this rank alone (mcclTransportSettle, tcp.h). */
+  if (res == mcclSuccess) res = mcclTransportSettle(&comm->tp, req->op.seq);
   if (res == mcclSuccess) {
     TRACE(MCCL_SUB_COLL, "rank %d: done %s #%llu in %.3f ms", comm->rank, mcclCollName(req->op.coll),
           (unsigned long long)req->op.seq, (double)(mcclNowNs() - start) / 1e6);

@@ -969,6 +969,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
       mcclFrame f;
       memset(&f, 0, sizeof(f));
       f.type = MCCL_FRAME_ABORT;
+      f.seq = t->settled; /* peers completing a collective this rank did not complete fail it too */
       f.length = (uint32_t)len;
       uint8_t hdr[MCCL_FRAME_BYTES];
       mcclFrameEncode(hdr, &f);
@@ -1025,6 +1026,92 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
   }
   if (nsilent == nother) t->silent[0] = '\0'; /* everyone silent: this rank is the one cut off */
   free(heard);
+}
+
+/* The failure notice `f` (an ABORT header) from `peer`, with `reason` (`len` bytes, as far as it
+ * arrived), says that peer did not complete collective `seq`: fail it here too. */
+static mcclResult_t settleFailed(mcclTransport* t, int peer, const mcclFrame* f, const char* reason,
+                                 size_t len, uint64_t seq) {
+  mcclConn* c = &t->conns[peer];
+  memcpy(c->abort_reason, reason, len);
+  c->abort_reason[len] = '\0';
+  c->rx_mode = MCCL_RX_HEADER;
+  c->rx_dst = NULL;
+  c->rx_left = 0;
+  c->rhdr_got = 0;
+  c->dead = 1;
+  snprintf(c->dead_reason, sizeof(c->dead_reason), "failed: %.140s", c->abort_reason);
+  snprintf(t->error, sizeof(t->error),
+           "rank %d (%s) failed before it completed this collective (#%llu; it completed %llu), so rank "
+           "%d fails it too: %s", peer, c->addr, (unsigned long long)seq, (unsigned long long)f->seq,
+           t->rank, c->abort_reason);
+  return mcclRemoteError;
+}
+
+/* One peer's connection, readable when the collective `seq` completed: is its next frame a notice
+ * that the peer failed before completing `seq`? Looks with MSG_PEEK, so anything else (the peer's
+ * next collective, a point-to-point message, a close) is left exactly as it was. */
+static mcclResult_t settlePeer(mcclTransport* t, int peer, uint64_t seq) {
+  mcclConn* c = &t->conns[peer];
+  uint8_t buf[MCCL_FRAME_BYTES + MCCL_MAX_ABORT_REASON];
+  size_t have = c->rhdr_got; /* a header partly read already */
+  memcpy(buf, c->rhdr, have);
+  ssize_t n;
+  do n = recv(c->fd, buf + have, sizeof(buf) - have, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0 || have + (size_t)n < MCCL_FRAME_BYTES) return mcclSuccess;
+  size_t got = have + (size_t)n;
+  mcclFrame f;
+  char why[300];
+  if (mcclFrameHeaderCheck(buf, t->p2p.arrive != NULL, &f, why, sizeof(why)) != MCCL_WIRE_OK)
+    return mcclSuccess; /* the receive path reports a broken frame when it gets there */
+  if (f.type != MCCL_FRAME_ABORT || f.seq > seq) return mcclSuccess;
+  size_t len = f.length < MCCL_MAX_ABORT_REASON ? f.length : MCCL_MAX_ABORT_REASON;
+  if (len > got - MCCL_FRAME_BYTES) len = got - MCCL_FRAME_BYTES;
+  /* Consume what was looked at (it is in the socket, so the reads cannot block or come short of
+   * it for long), which keeps the stream in step with rx_mode. */
+  size_t take = MCCL_FRAME_BYTES - have + len;
+  uint8_t sink[MCCL_FRAME_BYTES + MCCL_MAX_ABORT_REASON];
+  while (take > 0) {
+    ssize_t r = recv(c->fd, sink, take, MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    take -= (size_t)r;
+  }
+  return settleFailed(t, peer, &f, (const char*)buf + MCCL_FRAME_BYTES, len, seq);
+}
+
+mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq) {
+  int np = 0;
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    if (r == t->rank || c->fd < 0 || c->dead) continue;
+    if (c->rx_mode == MCCL_RX_ABORT) {
+      /* The header arrived in a progress round that then found the socket empty mid-reason. */
+      if (c->rx_frame.seq > seq) continue;
+      size_t have = (size_t)(c->rx_dst - c->abort_reason);
+      if (c->rx_left > 0) { /* what more of the reason is here already */
+        ssize_t r2 = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
+        if (r2 > 0) have += (size_t)r2;
+      }
+      char reason[MCCL_MAX_ABORT_REASON + 1];
+      memcpy(reason, c->abort_reason, have);
+      return settleFailed(t, r, &c->rx_frame, reason, have, seq);
+    }
+    /* A frame in progress, or a collective header waiting for its receive (a later
+     * collective's: the peer completed this one), comes before any notice. */
+    if (c->rx_mode != MCCL_RX_HEADER) continue;
+    t->pfds[np].fd = c->fd;
+    t->pfds[np].events = POLLIN;
+    t->pfds[np].revents = 0;
+    t->pfd_peer[np++] = r;
+  }
+  if (np > 0 && poll(t->pfds, (nfds_t)np, 0) > 0) {
+    for (int k = 0; k < np; k++)
+      if (t->pfds[k].revents & POLLIN) MCCLCHECK(settlePeer(t, t->pfd_peer[k], seq));
+  }
+  t->settled = seq + 1;
+  return mcclSuccess;
 }
 
 int mcclTransportSingleHost(const mcclTransport* t) {

@@ -106,6 +106,8 @@ typedef struct mcclTransport {
   char error[768];                /* why the last call failed */
   char silent[256];               /* after mcclTransportFail: live peers that neither reported a
                                      failure nor closed during the linger ("" if none) */
+  uint64_t settled;               /* collectives this rank completed (mcclTransportSettle): the
+                                     ABORT frames of mcclTransportFail carry it */
 } mcclTransport;
 
 /* What a rank needs to authenticate its peers. */
@@ -164,15 +166,29 @@ void mcclTransportCancel(mcclTransport* t);
 /* Interrupt a blocked mcclTransportProgress from any thread. */
 void mcclTransportWake(mcclTransport* t);
 
-/* After any error: best effort, send an ABORT frame with `reason` to each peer that is not in the
- * middle of a frame, shut the sending side of every connection so that peers blocked on this
- * rank fail at once, forget every posted transfer (without touching them: their owners may have
- * returned), and linger briefly reading what peers still send so that the ABORT frames arrive. */
-/* Tell every peer why this rank fails (an ABORT frame), close the write sides, then linger up to
- * MCCL_FAIL_LINGER_MS reading what peers still send; t->silent names the peers that stayed
- * silent all along (no failure report, no close): when every other rank reports its failure,
- * a silent one is the likely stalled rank. */
+/* After any error: best effort, send an ABORT frame with `reason` (and t->settled, the number of
+ * collectives this rank completed, in its seq field) to each peer that is not in the middle of a
+ * frame, shut the sending side of every connection so that peers blocked on this rank fail at
+ * once, forget every posted transfer (without touching them: their owners may have returned),
+ * and linger up to MCCL_FAIL_LINGER_MS reading what peers still send so that the ABORT frames
+ * arrive. t->silent then names the peers that stayed silent all along (no failure report, no
+ * close): when every other rank reports its failure, a silent one is the likely stalled rank. */
 void mcclTransportFail(mcclTransport* t, const char* reason);
+
+/* Before the owner reports collective `seq` (its run-order number) as succeeded on this rank:
+ * look, without blocking, at what every peer's connection already holds. If the next frame from
+ * a peer is an ABORT whose sender had completed fewer than seq + 1 collectives (it failed this
+ * collective or an earlier one), read it and return mcclRemoteError, t->error naming that peer
+ * and its reason: the owner then fails the collective too, as that peer did. Otherwise record
+ * `seq` as completed (t->settled) and return mcclSuccess.
+ *
+ * Only a notice that is already here counts: one that arrives later fails the owner's next call.
+ * A connection whose next bytes belong to another frame (the peer's next collective, which it
+ * could only start after completing this one; a point-to-point message nobody has received yet;
+ * a frame half read) is not looked past. A peer that closed or reset its connection without a
+ * notice (it exited after its last collective, or was killed) does not fail the collective: every
+ * byte this rank needed from it has arrived. */
+mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq);
 
 /* After the last collective: the number of peers that sent bytes this rank never read (their
  * ranks listed in `desc`): ranks that issued different collectives, where no receiver could tell

@@ -60,9 +60,9 @@ static int mismatch(int r, int n, mcclStore_t* store, void* arg) {
   return 0;
 }
 
-/* Rank 1 stalls for 2 s; rank 0's 300 ms deadline must name rank 1. Rank 1's late all-reduce may
- * still complete (rank 0's frame was already in its socket, so its data is whole), but the next
- * one must fail: rank 0 gave up on the communicator. */
+/* Rank 1 stalls for 2 s; rank 0's 300 ms deadline must name rank 1. Rank 1's late all-reduce
+ * fails too, naming rank 0: rank 0's frame was already in its socket, so its data is whole, but so
+ * is rank 0's notice that it failed this collective (mcclTransportSettle). */
 static int stalled(int r, int n, mcclStore_t* store, void* arg) {
   (void)arg;
   mcclComm_t comm = harnessCommInit(r, n, store);
@@ -81,11 +81,52 @@ static int stalled(int r, int n, mcclStore_t* store, void* arg) {
     EXPECT(took > 0.25 && took < 1.5, "rank 0 timed out after %.2f s", took);
     EXPECT(strstr(msg, "rank 1") != NULL && strstr(msg, "timed out") != NULL, "rank 0: '%s'", msg);
   } else {
-    if (res == mcclSuccess) res = mcclAllReduce(buf, buf, 16, mcclFloat32, mcclSum, comm, &opts, NULL);
-    EXPECT(res != mcclSuccess, "rank 1: succeeded after its peer gave up");
+    EXPECT(res != mcclSuccess, "rank 1: its late all-reduce succeeded after its peer failed it");
     EXPECT(strstr(mcclGetLastError(comm), "rank 0") != NULL, "rank 1: '%s'", mcclGetLastError(comm));
   }
   mcclCommDestroy(comm);
+  return 0;
+}
+
+/* Consistent failure (issue 16): one rank enters an all-reduce after the others' timeout. The
+ * on-time ranks fail it; the late one must fail the same call, not return a right sum and fail
+ * only its next call. The on-time ranks keep their connections open (they wait on a store key)
+ * until the late rank is done, so that its data, and their notices, are all in its sockets:
+ * exactly the case where the late rank could complete the collective. */
+typedef struct {
+  size_t count; /* small: recursive doubling; >= 64K floats: the ring */
+  int late;     /* the late rank */
+} lateArg;
+
+static int lateRank(int r, int n, mcclStore_t* store, void* arg) {
+  const lateArg* a = arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  float* buf = malloc(a->count * sizeof(float));
+  for (size_t i = 0; i < a->count; i++) buf[i] = (float)(r + 1);
+  /* One on time, so the failing collective is #1 and notices say "completed 1". */
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, a->count, mcclFloat32, mcclSum, comm, NULL, NULL));
+  EXPECT(buf[0] == (float)(n * (n + 1) / 2), "rank %d: warm-up sum %g", r, buf[0]);
+  for (size_t i = 0; i < a->count; i++) buf[i] = (float)(r + 1);
+  mcclOpOptions_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.timeout_ms = 500;
+  if (r == a->late) harnessSleepUs(2500000); /* the others time out at 0.5 s and tell it */
+  mcclResult_t res = mcclAllReduce(buf, buf, a->count, mcclFloat32, mcclSum, comm, &opts, NULL);
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res != mcclSuccess, "rank %d of %d (%s, count %zu): the all-reduce its peers failed succeeded here "
+         "(sum %g)", r, n, r == a->late ? "late" : "on time", a->count, buf[0]);
+  EXPECT(strstr(msg, "allreduce #1") != NULL && strstr(msg, "timed out") != NULL,
+         "rank %d: the error names neither the collective nor the timeout: %s", r, msg);
+  char key[64];
+  snprintf(key, sizeof(key), "late-done");
+  if (r == a->late) {
+    EXPECT(store->set(store->ctx, key, "1", 1) == mcclSuccess, "store set");
+  } else {
+    EXPECT(store->wait(store->ctx, key, 20000) == mcclSuccess, "rank %d: the late rank never finished", r);
+  }
+  mcclCommDestroy(comm);
+  free(buf);
   return 0;
 }
 
@@ -166,5 +207,14 @@ int main(void) {
   before = harness_failures;
   harnessRunRanks(2, 60, aborts, NULL);
   printf("abort: %s\n", harness_failures == before ? "ok" : "FAILED");
+  const struct { int n; lateArg a; } late[] = {
+      {2, {16, 1}}, {4, {16, 3}}, {3, {16, 2}}, {2, {1 << 18, 1}}, {4, {1 << 18, 2}},
+  };
+  for (size_t k = 0; k < sizeof(late) / sizeof(late[0]); k++) {
+    before = harness_failures;
+    harnessRunRanks(late[k].n, 60, lateRank, (void*)&late[k].a);
+    printf("late rank %d of %d, %s: %s\n", late[k].a.late, late[k].n,
+           late[k].a.count >= 65536 ? "ring" : "recursive doubling", harness_failures == before ? "ok" : "FAILED");
+  }
   return harnessExit("test_failures");
 }

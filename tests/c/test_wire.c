@@ -451,6 +451,125 @@ static void testP2pStalledMidMessage(void) {
   mcclRequestFree(req);
 }
 
+/* ---- consistent failure: mcclTransportSettle ---------------------------------------------- */
+
+/* Rank 1's failure notice: an ABORT frame saying it completed `completed` collectives. */
+static void writeAbort(mcclLoopback* lb, uint64_t completed, const char* reason, size_t upto) {
+  mcclFrame f;
+  memset(&f, 0, sizeof(f));
+  f.type = MCCL_FRAME_ABORT;
+  f.seq = completed;
+  f.length = (uint32_t)strlen(reason);
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  mcclFrameEncode(hdr, &f);
+  uint8_t all[MCCL_FRAME_BYTES + 200];
+  memcpy(all, hdr, sizeof(hdr));
+  memcpy(all + sizeof(hdr), reason, f.length);
+  size_t total = sizeof(hdr) + f.length;
+  loopbackWrite(lb, all, upto < total ? upto : total);
+}
+
+static void testSettle(void) {
+  mcclLoopback lb;
+  const char* reason = "rank 1: allreduce #6 timed out";
+  /* 1. Nothing pending: the collective is settled. A notice from a rank that completed #6 does
+   * not fail #5 (and stays unread); it fails #6. */
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  mcclTransport* t = &lb.comm->tp;
+  EXPECT(mcclTransportSettle(t, 4) == mcclSuccess && t->settled == 5, "nothing pending: settled %llu",
+         (unsigned long long)t->settled);
+  writeAbort(&lb, 6, reason, 1000);
+  EXPECT(mcclTransportSettle(t, 5) == mcclSuccess && t->settled == 6, "a notice of rank that completed #5 failed it");
+  EXPECT(!t->conns[1].dead, "the notice for a later collective was consumed");
+  mcclResult_t res = mcclTransportSettle(t, 6);
+  EXPECT(res == mcclRemoteError && t->settled == 6, "a notice of a rank that did not complete #6: %s",
+         mcclGetErrorString(res));
+  EXPECT(strstr(t->error, "rank 1 (fd") != NULL && strstr(t->error, "failed before it completed this collective (#6") != NULL &&
+             strstr(t->error, "so rank 0 fails it too: rank 1: allreduce #6 timed out") != NULL,
+         "message: %s", t->error);
+  EXPECT(t->conns[1].dead, "connection not marked dead after a notice");
+  loopbackClose(&lb);
+
+  /* 2. A later collective's header ahead of the notice: nothing is looked past it or consumed; once
+   * it is received, the notice is next. */
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  t = &lb.comm->tp;
+  mcclXfer x;
+  memset(&x, 0, sizeof(x));
+  x.frame.coll = MCCL_COLL_BARRIER;
+  x.frame.seq = 3;
+  mcclFrame bf = x.frame;
+  bf.type = MCCL_FRAME_DATA;
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  mcclFrameEncode(hdr, &bf);
+  loopbackWrite(&lb, hdr, sizeof(hdr));
+  writeAbort(&lb, 3, reason, 1000);
+  EXPECT(mcclTransportSettle(t, 2) == mcclSuccess, "a collective frame ahead of a notice: %s", t->error);
+  mcclTransportPostRecv(t, 1, &x);
+  res = loopbackDrain(&lb, 100);
+  EXPECT(res == mcclSuccess && x.complete, "the frame ahead was not received intact: %s", mcclGetErrorString(res));
+  EXPECT(mcclTransportSettle(t, 3) == mcclRemoteError, "the notice behind it was not seen");
+  loopbackClose(&lb);
+
+  /* 3. A header partly read already (a receive posted from that peer kept reading), and a reason
+   * that trickles in (the header read, the reason not all here). */
+  for (int variant = 0; variant < 2; variant++) {
+    EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+    if (lb.comm == NULL) return;
+    t = &lb.comm->tp;
+    int64_t v = 0;
+    struct mcclRequest* req = loopbackRecv(&lb, &v, 1, mcclInt64, 1, 9, 10000);
+    writeAbort(&lb, 0, reason, variant == 0 ? 20 : MCCL_FRAME_BYTES + 7);
+    (void)loopbackDrain(&lb, 100);
+    EXPECT(variant == 0 ? t->conns[1].rhdr_got == 20 : t->conns[1].rx_mode == MCCL_RX_ABORT,
+           "variant %d: stream state %d/%zu", variant, t->conns[1].rx_mode, t->conns[1].rhdr_got);
+    if (variant == 0) { /* the rest arrives before this rank completes its collective */
+      uint8_t rest[MCCL_FRAME_BYTES + 64];
+      mcclFrame f;
+      memset(&f, 0, sizeof(f));
+      f.type = MCCL_FRAME_ABORT;
+      f.length = (uint32_t)strlen(reason);
+      mcclFrameEncode(rest, &f);
+      memcpy(rest + MCCL_FRAME_BYTES, reason, f.length);
+      loopbackWrite(&lb, rest + 20, MCCL_FRAME_BYTES - 20 + f.length);
+    }
+    res = mcclTransportSettle(t, 0);
+    EXPECT(res == mcclRemoteError, "variant %d: %s", variant, mcclGetErrorString(res));
+    EXPECT(strstr(t->error, variant == 0 ? "fails it too: rank 1: allreduce #6 timed out" : "fails it too: rank 1:") != NULL,
+           "variant %d message: %s", variant, t->error);
+    loopbackClose(&lb);
+    mcclRequestFree(req);
+  }
+
+  /* 4. What is not a notice: a point-to-point message nobody received yet ahead of it (not looked
+   * past), and a close without one (a peer that exited after its last collective). */
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  t = &lb.comm->tp;
+  int64_t v = 7;
+  loopbackP2pHeader(hdr, 7, 0, mcclInt64, 1, 0, 8);
+  loopbackWrite(&lb, hdr, sizeof(hdr));
+  loopbackWrite(&lb, &v, 8);
+  writeAbort(&lb, 0, reason, 1000);
+  EXPECT(mcclTransportSettle(t, 0) == mcclSuccess, "looked past an unreceived message: %s", t->error);
+  loopbackClose(&lb);
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  shutdown(lb.peer_fd, SHUT_WR);
+  EXPECT(mcclTransportSettle(&lb.comm->tp, 0) == mcclSuccess, "a close without a notice failed a collective");
+  /* mcclTransportFail's notice carries what this rank completed. */
+  mcclTransportFail(&lb.comm->tp, "rank 0: test");
+  uint8_t got[MCCL_FRAME_BYTES];
+  mcclFrame f;
+  memset(&f, 0, sizeof(f));
+  EXPECT(recv(lb.peer_fd, got, sizeof(got), MSG_DONTWAIT) == (ssize_t)sizeof(got) &&
+             mcclFrameDecode(got, &f) == 0 && f.type == MCCL_FRAME_ABORT && f.seq == 1,
+         "the notice does not say 1 collective completed (seq %llu)", (unsigned long long)f.seq);
+  loopbackClose(&lb);
+}
+
 int main(void) {
   testHello();
   testFrames();
@@ -458,5 +577,6 @@ int main(void) {
   testAbortRx();
   testP2pRx();
   testP2pStalledMidMessage();
+  testSettle();
   return harnessExit("test_wire");
 }

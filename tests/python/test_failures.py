@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed import check_ok, notify, run_job
+from distributed import check_ok, notify, raw_store, run_job
 
 WORLD = 4
 FAST = {"start_method": "forkserver"}
@@ -115,7 +115,7 @@ def _stop_one(job):
     destroyed = job.wait_for("destroyed", others, timeout=60)
     # Resumed, the stopped rank finds its communicator failed instead of hanging.
     job.signal(STOPPED, signal.SIGCONT)
-    job.wait_for("raised", [STOPPED], timeout=60)
+    raised.update(job.wait_for("raised", [STOPPED], timeout=60))
     return stopped_at, raised, destroyed
 
 
@@ -136,6 +136,11 @@ def _stop_and_check(elems: int, late_rank: int = -1) -> str:
         assert results[r].exitcode == 1, f"rank {r} exited with {results[r].exitcode}"
     assert "DistBackendError" in results[STOPPED].error, results[STOPPED]
     assert results[STOPPED].exitcode == 1, results[STOPPED]
+    # Consistent failure: every other rank's notice was there when the stopped rank resumed, so it
+    # fails the first all-reduce that some other rank did not complete (docs/FAILURES.md), never
+    # returning a sum its peers gave up on.
+    done = {r: raised[r].data["done"] for r in range(WORLD)}
+    assert done[STOPPED] == min(done[r] for r in others), f"all-reduces completed per rank: {done}\n{report}"
     return report
 
 
@@ -151,6 +156,51 @@ def test_sigstop_every_survivor_names_the_stopped_rank():
     report = _stop_and_check(1 << 20, late_rank=3)
     for line in report.splitlines():
         assert f"rank {STOPPED} (" in line.split(": ", 1)[1], f"an error does not name rank {STOPPED}:\n{report}"
+
+
+# ---- a late rank fails the collective its peers timed out on (issue 16) --------------------------
+
+LATE_TIMEOUT_S = 3
+
+
+def _late_allreduce(rank: int, world_size: int, elems: int, late: int) -> dict:
+    expected = float(world_size * (world_size + 1) // 2)
+    t = torch.full((elems,), float(rank + 1))
+    dist.all_reduce(t)  # #0, on time everywhere
+    assert bool((t == expected).all()), "the on-time all-reduce is wrong"
+    t.fill_(rank + 1)
+    if rank == late:
+        time.sleep(LATE_TIMEOUT_S + 2)  # the others time out in #1 and say so before this rank starts it
+    outcome = {}
+    try:
+        dist.all_reduce(t)
+        outcome["sum"] = float(t[0])
+    except dist.DistBackendError as exc:
+        outcome["error"] = str(exc)
+    # The on-time ranks keep their connections open until the late rank is done, so that all it
+    # needs (their data and their notices) is in its sockets: the case where it could succeed.
+    if rank == late:
+        raw_store().set("late-done", "1")
+    else:
+        raw_store().wait(["late-done"], timedelta(seconds=60))
+    return outcome
+
+
+@pytest.mark.parametrize("world,elems", [(2, 1 << 10), (4, 1 << 10), (4, 1 << 20)],
+                         ids=["2-ranks-doubling", "4-ranks-doubling", "4-ranks-ring"])
+def test_late_rank_fails_the_collective_its_peers_timed_out(world, elems):
+    late = world - 1
+    values = check_ok(run_ranks_late(world, elems, late))
+    for r, outcome in enumerate(values):
+        who = "late" if r == late else "on-time"
+        assert "error" in outcome, f"rank {r} ({who}) completed the all-reduce the others failed: {outcome}"
+        assert "allreduce #1" in outcome["error"] and "timed out" in outcome["error"], f"rank {r}: {outcome}"
+
+
+def run_ranks_late(world: int, elems: int, late: int):
+    results, _ = run_job(_late_allreduce, world, elems, late, store="tcp", pg_timeout_s=LATE_TIMEOUT_S,
+                         deadline_s=90, **FAST)
+    return results
 
 
 # ---- strangers on the wire: garbage, a wrong token, a replayed handshake, half-open connections --
