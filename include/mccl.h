@@ -340,6 +340,8 @@ MCCL_API uint64_t mcclRequestSeq(mcclRequest_t request);
  *
  * The run order is then the depth-first order of the follow-up tree, identical on every rank
  * whatever the thread timing; it is the order NCCL gives when callbacks run inline at issue.
+ * mcclOrderMarker (below) places a hold where a callback is attached rather than where its
+ * collective was issued: the torch shim uses that (docs/algorithms.md, "Run order").
  * A follow-up of a request that is no longer held (it finished and was sealed, or never held)
  * takes its place in plain issue order. If a held request is not sealed within its timeout while
  * other collectives wait behind it, the communicator fails with mcclTimeout naming it (a

@@ -246,6 +246,36 @@ int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::millisecond
 
 }  // namespace
 
+namespace {
+// The Futures of live mccl Works, and those derived from them by then() (weak: a Future that is
+// gone drops out; expired entries are purged as the map doubles).
+class FutureRegistry {
+ public:
+  static FutureRegistry& get() {
+    static auto* r = new FutureRegistry();
+    return *r;
+  }
+  void add(const c10::intrusive_ptr<c10::ivalue::Future>& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= purge_at_) {
+      for (auto it = map_.begin(); it != map_.end();) it = it->second.expired() ? map_.erase(it) : std::next(it);
+      purge_at_ = std::max<size_t>(1024, 2 * map_.size());
+    }
+    map_.insert_or_assign(f.get(), c10::weak_intrusive_ptr<c10::ivalue::Future>(f));
+  }
+  bool has(const c10::ivalue::Future* f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(f);
+    return it != map_.end() && it->second.lock().get() == f;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::ivalue::Future>> map_;
+  size_t purge_at_ = 1024;
+};
+}  // namespace
+
 // ---- Work ---------------------------------------------------------------------------------
 
 WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs,
@@ -256,20 +286,84 @@ WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at
       inference_mode_(c10::InferenceMode::is_enabled()),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        staging_->futureDevices())),
-      name_(profiling_name) {}
+      name_(profiling_name) {
+  FutureRegistry::get().add(future_);
+}
 
 WorkMCCL::~WorkMCCL() { mcclRequestFree(request_); }
 
+// ---- where a callback's collectives run (include/mccl.h, mcclOrderMarker) -------------------
+//
+// A Python callback attached to the Future of an mccl Work (or to a Future derived from one by
+// then()) gets an order mark at the moment it is attached: one order marker in every live mccl
+// group, at that point of the program. The callback runs with the mark as its thread's context
+// (python/mccl/_order.py wraps it), so every collective it issues follows the marker of its group
+// and runs where the callback was attached, on every rank, whether the callback runs at once
+// (the Future had completed) or later on the completion pool. The mark is sealed when the callback
+// returns. Callbacks attached from C++ get no mark: their collectives take their place in issue
+// order (torch's built-in C++ comm hooks issue none).
+
 namespace {
-// The Work whose Future callbacks this thread is running (the completion pool sets it): a
-// collective issued there on the same communicator is that Work's follow-up, so it runs in the
-// same place on every rank (include/mccl.h, "Issue order").
-struct FollowContext {
-  mcclComm_t comm = nullptr;
-  mcclRequest_t request = nullptr;
-};
-thread_local FollowContext tl_follow;
+thread_local OrderMark* tl_mark = nullptr;  // the mark of the callback this thread is running
+
+std::mutex& groupsMutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+std::vector<ProcessGroupMCCL*>& liveGroups() {  // under groupsMutex()
+  static auto* groups = new std::vector<ProcessGroupMCCL*>();
+  return *groups;
+}
+
 }  // namespace
+
+OrderMark::~OrderMark() {
+  seal();
+  for (auto& [comm, marker] : markers_) mcclRequestFree(marker);
+}
+
+void OrderMark::seal() {
+  if (sealed_.exchange(true)) return;
+  for (auto& [comm, marker] : markers_) mcclRequestSeal(marker);
+}
+
+mcclRequest_t OrderMark::markerFor(mcclComm_t comm) const {
+  for (auto& [c, marker] : markers_)
+    if (c == comm) return marker;
+  return nullptr;
+}
+
+void OrderMark::enter() {
+  outer_ = tl_mark;
+  tl_mark = this;
+}
+
+void OrderMark::exit() {
+  tl_mark = outer_;
+  seal();
+}
+
+std::shared_ptr<OrderMark> OrderMark::forCallbackOf(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  if (!FutureRegistry::get().has(future.get()) || future->completed()) return nullptr;
+  auto mark = std::make_shared<OrderMark>();
+  std::lock_guard<std::mutex> lock(groupsMutex());
+  for (ProcessGroupMCCL* pg : liveGroups()) {
+    mcclComm_t comm = pg->comm_;
+    if (comm == nullptr) continue;
+    mcclOpOptions_t opts;
+    std::memset(&opts, 0, sizeof(opts));
+    if (tl_mark != nullptr) opts.follows = tl_mark->markerFor(comm);  // a mark inside a mark
+    mcclRequest_t marker = nullptr;
+    if (mcclOrderMarker(comm, &opts, &marker) == mcclSuccess) mark->markers_.emplace_back(comm, marker);
+  }
+  return mark;
+}
+
+void OrderMark::derived(const c10::intrusive_ptr<c10::ivalue::Future>& child) { FutureRegistry::get().add(child); }
+
+bool OrderMark::isMcclFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  return FutureRegistry::get().has(future.get());
+}
 
 // Completes Works off MCCL's engine thread. Future callbacks run on the thread that completes the
 // Future, and a callback may issue another collective and wait on it (DDP's PowerSGD hook does):
@@ -388,10 +482,6 @@ void WorkMCCL::complete(mcclResult_t result) {
       eptr = std::current_exception();
     }
   }
-  FollowContext outer = tl_follow;
-  // Point-to-point requests have no place in the run order: their callbacks' collectives don't
-  // follow anything.
-  tl_follow = c10d::isP2POp(retrieveOpType()) ? FollowContext{} : FollowContext{comm_, request_};
   if (eptr) {
     try {
       std::rethrow_exception(eptr);
@@ -410,10 +500,6 @@ void WorkMCCL::complete(mcclResult_t result) {
       if (!future_->completed()) future_->setError(std::current_exception());
     }
   }
-  // The Future's callbacks have returned (those attached later run inline in their caller):
-  // collectives issued after this one may run now.
-  tl_follow = outer;
-  mcclRequestSeal(request_);
 }
 
 void* WorkMCCL::buffer(const at::Tensor& t, bool output, const char* op) {
@@ -490,12 +576,29 @@ ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store,
   cfg.name = "pg";  // the store is already prefixed per process group
   cfg.timeout_ms = timeout.count();
   cfg.peer_hint = peer_hint.empty() ? nullptr : peer_hint.c_str();
-  mcclResult_t res = mcclCommInitConfig(&comm_, &cfg);
+  mcclComm_t comm = nullptr;
+  mcclResult_t res = mcclCommInitConfig(&comm, &cfg);
   if (res != mcclSuccess) throwMccl(res, "init", mcclGetLastError(nullptr));
+  comm_ = comm;
+  std::lock_guard<std::mutex> lock(groupsMutex());
+  liveGroups().push_back(this);
+}
+
+// Takes the communicator away from every later call, once, whichever of abort, shutdown and the
+// destructor comes first, from whatever thread: out of the order marks' reach first, then after
+// every call that is issuing on it has issued (they hold comm_mu_ shared).
+mcclComm_t ProcessGroupMCCL::takeComm() {
+  {
+    std::lock_guard<std::mutex> lock(groupsMutex());
+    auto& groups = liveGroups();
+    groups.erase(std::remove(groups.begin(), groups.end(), this), groups.end());
+  }
+  std::unique_lock<std::shared_mutex> lock(comm_mu_);
+  return comm_.exchange(nullptr);
 }
 
 ProcessGroupMCCL::~ProcessGroupMCCL() {
-  if (comm_ != nullptr) mcclCommDestroy(comm_);
+  if (mcclComm_t c = takeComm()) mcclCommDestroy(c);
   Completer::get().drain(kDrainLimit);
 }
 
@@ -504,9 +607,11 @@ void ProcessGroupMCCL::checkRoot(int64_t root, const char* op) const {
               getSize() - 1);
 }
 
-mcclComm_t ProcessGroupMCCL::comm() const {
+ProcessGroupMCCL::CommRef ProcessGroupMCCL::comm() const { return CommRef(comm_mu_, comm_); }
+
+ProcessGroupMCCL::CommRef::CommRef(std::shared_mutex& mu, const std::atomic<mcclComm_t>& comm)
+    : lock_(mu), comm_(comm.load()) {
   TORCH_CHECK(comm_ != nullptr, "mccl: the process group was shut down or aborted");
-  return comm_;
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMCCL::getBackendOptions() {
@@ -517,7 +622,7 @@ c10::intrusive_ptr<WorkMCCL> ProcessGroupMCCL::makeWork(c10d::OpType type, const
                                                        std::vector<at::Tensor> outputs, const c10::Device& device,
                                                        CallKind call) {
   contexts_.timeout_ms = timeout_.count();
-  call.follow_up = !call.p2p && comm_ != nullptr && tl_follow.comm == comm_;  // see launch()
+  call.follow_up = !call.p2p && tl_mark != nullptr && tl_mark->markerFor(comm_) != nullptr;  // see launch()
   return c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
 }
 
@@ -537,11 +642,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   opts.handoff = &work->handoff_;
   opts.premul_factor = premul_factor;
   const bool p2p = c10d::isP2POp(work->retrieveOpType());
-  // Every collective holds the run order until its Future's callbacks returned (complete()
-  // seals it), so that collectives those callbacks issue run in the same place on every rank.
-  // It costs a hand-off to the completion pool between back-to-back collectives.
-  opts.hold = p2p ? 0 : 1;
-  if (!p2p && tl_follow.comm == comm_) opts.follows = tl_follow.request;
+  // Issued from a callback with an order mark: run where the callback was attached.
+  if (!p2p && tl_mark != nullptr) opts.follows = tl_mark->markerFor(comm_);
   work->comm_ = comm_;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {
@@ -564,7 +666,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = makeWork(c10d::OpType::ALLREDUCE, "allreduce", tensors, t.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   void* ptr = work->buffer(t, true, "allreduce");
   size_t n = static_cast<size_t>(t.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -580,7 +682,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   checkRoot(opts.rootRank, "broadcast");
   mcclDataType_t dt = toMcclType(t, "broadcast");
   auto work = makeWork(c10d::OpType::BROADCAST, "broadcast", tensors, t.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   void* ptr = work->buffer(t, true, "broadcast");
   size_t n = static_cast<size_t>(t.numel());
   int root = static_cast<int>(opts.rootRank);
@@ -600,7 +702,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
               output.numel(), " elements, expected world size ", getSize(), " x ", input.numel());
   mcclDataType_t dt = toMcclType(input, "all_gather_into_tensor");
   auto work = makeWork(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, input.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = work->buffer(input, false, "all_gather_into_tensor");
   void* out = work->buffer(output, true, "all_gather_into_tensor");
   size_t n = static_cast<size_t>(input.numel());
@@ -634,7 +736,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   at::Tensor flat = work->staging().buffer(getSize() * numel, input.scalar_type(), [&] { return flatCat(outs); });
   for (size_t i = 0; i < outs.size(); i++)
     work->staging().copyBack(outs[i], flat.narrow(0, static_cast<int64_t>(i) * numel, numel));
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = work->buffer(input, false, "all_gather");
   void* out = flat.data_ptr();
   size_t n = static_cast<size_t>(numel);
@@ -645,7 +747,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions& opts) {
   auto work = makeWork(c10d::OpType::BARRIER, "barrier", {}, c10::Device(c10::kCPU));
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclBarrier(c, o, r);
   }, 0);
@@ -664,7 +766,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(
   auto work = makeWork(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, tensors[0].device());
   at::Tensor flat = work->staging().input(flatCat(tensors));
   splitInto(work->staging(), flat, tensors);
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   void* ptr = flat.data_ptr();
   size_t n = static_cast<size_t>(flat.numel());
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -681,7 +783,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = makeWork(c10d::OpType::REDUCE, "reduce", tensors, t.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   void* ptr = work->buffer(t, getRank() == opts.rootRank, "reduce");  // only root's is written
   size_t n = static_cast<size_t>(t.numel());
   int root = static_cast<int>(opts.rootRank);
@@ -717,7 +819,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced
     work->staging().copyBack(outputs[i], rows.narrow(1, off, inputs[i].numel()));
     off += inputs[i].numel();
   }
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -752,7 +854,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
     flat = work->staging().buffer(getSize() * input.numel(), input.scalar_type(), [&] { return flatCat(targets); });
     splitInto(work->staging(), flat, targets);
   }
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = work->buffer(input, false, "gather");
   void* out = is_root ? flat.data_ptr() : nullptr;
   size_t n = static_cast<size_t>(input.numel());
@@ -782,7 +884,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
   mcclDataType_t dt = toMcclType(output, "scatter");
   auto work = makeWork(c10d::OpType::SCATTER, "scatter", outputs, output.device());
   if (is_root) flat = work->staging().input(flatCat(inputs[0]));
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = is_root ? flat.data_ptr() : nullptr;
   void* out = work->buffer(output, true, "scatter");
   size_t n = static_cast<size_t>(output.numel());
@@ -804,7 +906,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
   double factor = 0;
   mcclRedOp_t op = toMcclOp(opts.reduceOp, &factor);
   auto work = makeWork(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, input.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = work->buffer(input, false, "reduce_scatter_tensor");
   void* out = work->buffer(output, true, "reduce_scatter_tensor");
   size_t n = static_cast<size_t>(output.numel());
@@ -848,7 +950,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced
   at::Tensor staged = work->staging().input(at::cat(rows, 1).reshape({-1}));
   at::Tensor flat_out = work->staging().buffer(staged.numel() / n, staged.scalar_type(), [&] { return flatCat(outputs); });
   splitInto(work->staging(), flat_out, outputs);
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = staged.data_ptr();
   void* out = flat_out.data_ptr();
   size_t count = static_cast<size_t>(flat_out.numel());
@@ -898,7 +1000,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
   auto [scount, sdisp] = counts(input, inputSplitSizes, "input");
   auto [rcount, rdisp] = counts(output, outputSplitSizes, "output");
   auto work = makeWork(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, input.device());
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = work->buffer(input, false, "all_to_all_single");
   void* out = work->buffer(output, true, "all_to_all_single");
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -932,7 +1034,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   at::Tensor flat_in = work->staging().input(flatCat(inputs));
   at::Tensor flat_out = work->staging().buffer(out_total, inputs[0].scalar_type(), [&] { return flatCat(outputs); });
   splitInto(work->staging(), flat_out, outputs);
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* in = flat_in.data_ptr();
   void* out = flat_out.data_ptr();
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -946,7 +1048,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& t
   checkTensor(t, "send");
   mcclDataType_t dt = toMcclType(t, "send");
   auto work = makeWork(c10d::OpType::SEND, "send", tensors, t.device(), CallKind{true, dstRank});
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   const void* ptr = work->buffer(t, false, "send");
   size_t n = static_cast<size_t>(t.numel());
   return launch(work, c10d::kUnsetTimeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -959,7 +1061,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& t
   checkTensor(t, "recv");
   mcclDataType_t dt = toMcclType(t, "recv");
   auto work = makeWork(c10d::OpType::RECV, "recv", tensors, t.device(), CallKind{true, srcRank});
-  mcclComm_t c = comm();
+  CommRef c = comm();  // holds the group open until the call is issued
   void* ptr = work->buffer(t, true, "recv");
   size_t n = static_cast<size_t>(t.numel());
   return launch(work, c10d::kUnsetTimeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
@@ -972,19 +1074,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recvAnysource(std::vector<at::T
 }
 
 void ProcessGroupMCCL::abort() {
-  if (comm_ != nullptr) {
-    mcclComm_t c = comm_;
-    comm_ = nullptr;
-    mcclCommAbort(c);
-  }
+  if (mcclComm_t c = takeComm()) mcclCommAbort(c);
 }
 
 void ProcessGroupMCCL::shutdown() {
-  if (comm_ != nullptr) {
-    mcclComm_t c = comm_;
-    comm_ = nullptr;
-    mcclCommDestroy(c);  // every Work released: their completions are posted
-  }
+  if (mcclComm_t c = takeComm()) mcclCommDestroy(c);  // every Work released: their completions are posted
   Completer::get().drain(kDrainLimit);
 }
 

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,28 @@ class WorkMCCL : public c10d::Work {
   std::string error_;
   uint64_t seq_ = 0;
   std::string name_;
+};
+
+// The order mark of a Python callback (see "where a callback's collectives run" in the .cpp):
+// one order marker per live mccl group, held until the callback returned.
+class OrderMark {
+ public:
+  ~OrderMark();
+  // A mark for a callback being attached to `future`, or nullptr when it needs none (not an mccl
+  // Future, or already completed: the callback runs at once, at this very point of the program).
+  static std::shared_ptr<OrderMark> forCallbackOf(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+  // `child` (returned by then() on an mccl Future) counts as an mccl Future too.
+  static void derived(const c10::intrusive_ptr<c10::ivalue::Future>& child);
+  static bool isMcclFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+  void enter();  // this thread now runs the callback: its collectives follow the markers
+  void exit();   // the callback returned: the previous context again, and the markers sealed
+  mcclRequest_t markerFor(mcclComm_t comm) const;
+
+ private:
+  void seal();
+  std::vector<std::pair<mcclComm_t, mcclRequest_t>> markers_;
+  std::atomic<bool> sealed_{false};
+  OrderMark* outer_ = nullptr;
 };
 
 class ProcessGroupMCCL : public c10d::Backend {
@@ -141,13 +164,27 @@ class ProcessGroupMCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkMCCL> work,
                                         std::chrono::milliseconds timeout, Issue issue,
                                         double premul_factor);
-  mcclComm_t comm() const;
+  // The communicator, held open (shared) while a call issues on it: abort, shutdown and the
+  // destructor take it away exclusively, so no call uses a communicator they freed.
+  class CommRef {
+   public:
+    CommRef(std::shared_mutex& mu, const std::atomic<mcclComm_t>& comm);
+    operator mcclComm_t() const { return comm_; }
+
+   private:
+    std::shared_lock<std::shared_mutex> lock_;
+    mcclComm_t comm_;
+  };
+  CommRef comm() const;  // RuntimeError once the group was shut down or aborted
+  mcclComm_t takeComm();
   void checkRoot(int64_t root, const char* op) const;  // RuntimeError unless 0 <= root < size
   // A Work whose buffers live on `device` (its device kind stages them).
   c10::intrusive_ptr<WorkMCCL> makeWork(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
                                         const c10::Device& device, CallKind call = {});
 
-  mcclComm_t comm_ = nullptr;
+  friend class OrderMark;
+  mutable std::shared_mutex comm_mu_;
+  std::atomic<mcclComm_t> comm_{nullptr};
   DeviceContexts contexts_;  // per device: streams and tickets (device kinds' own state)
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;

@@ -1,5 +1,6 @@
 // module.cpp: the Python module mccl._C: exposes ProcessGroupMCCL to torch.distributed.
 #include <pybind11/chrono.h>
+#include <torch/csrc/jit/python/pybind_utils.h>  // PythonFutureWrapper: the C++ Future of a torch Future
 #include <torch/csrc/utils/pybind.h>
 
 #include "ProcessGroupMCCL.hpp"
@@ -24,6 +25,21 @@ PYBIND11_MODULE(_C, m) {
            py::arg("peer_hint") = "", py::call_guard<py::gil_scoped_release>(),
            "Create a communicator over `store` (collective over all ranks).");
   m.attr("version") = py::make_tuple(MCCL_VERSION_MAJOR, MCCL_VERSION_MINOR, MCCL_VERSION_PATCH);
+
+  // Order marks for callbacks (python/mccl/_order.py; ProcessGroupMCCL.cpp explains them).
+  using FutureWrapper = std::shared_ptr<torch::jit::PythonFutureWrapper>;
+  py::class_<mccl::OrderMark, std::shared_ptr<mccl::OrderMark>>(m, "_OrderMark")
+      .def("__enter__", [](mccl::OrderMark& mark) { mark.enter(); })
+      .def("__exit__", [](mccl::OrderMark& mark, py::args) { mark.exit(); return false; });
+  m.def("_order_mark", [](const FutureWrapper& fut) -> py::object {
+        std::shared_ptr<mccl::OrderMark> mark = mccl::OrderMark::forCallbackOf(fut->fut);
+        return mark ? py::cast(mark) : py::none();
+      }, py::arg("future"),
+      "An order mark for a callback about to be attached to `future`, or None if it needs none.");
+  m.def("_is_mccl_future", [](const FutureWrapper& fut) { return mccl::OrderMark::isMcclFuture(fut->fut); },
+        py::arg("future"));
+  m.def("_derived_future", [](const FutureWrapper& child) { mccl::OrderMark::derived(child->fut); },
+        py::arg("child"), "`child`, returned by then() on an mccl Future, counts as one too.");
 #ifdef MCCL_WITH_MPS
   // MPS tensors: the device kind and c10d's dispatcher kernels for the MPS key (macOS builds).
   m.attr("has_mps") = mccl::registerMps();

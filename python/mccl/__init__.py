@@ -40,5 +40,9 @@ def _create_backend(store: dist.Store, group_rank: int, group_size: int, timeout
     return _C.ProcessGroupMCCL(store, group_rank, group_size, timeout, os.environ.get("MASTER_ADDR", ""))
 
 
+from . import _order  # noqa: E402
+
+_order.install()  # callbacks' collectives run where the callback was attached (mccl/_order.py)
+
 if BACKEND_NAME not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=DEVICES)
