@@ -89,9 +89,14 @@ mcclDataType_t toMcclType(const at::Tensor& t, const char* op) {
     case at::kInt: return mcclInt32;
     case at::kLong: return mcclInt64;
     case at::kBool: return mcclBool;
+    case at::kShort: return mcclInt16;
+    case at::kUInt16: return mcclUint16;
+    case at::kUInt32: return mcclUint32;
+    case at::kUInt64: return mcclUint64;
     default:
       TORCH_CHECK(false, "mccl ", op, ": unsupported dtype ", t.scalar_type(),
-                  "; supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, bool");
+                  "; supported: float32, float64, float16, bfloat16, int8, uint8, int16, uint16, int32, "
+                  "uint32, int64, uint64, bool");
   }
 }
 

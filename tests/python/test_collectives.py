@@ -281,3 +281,63 @@ def _point_to_point(rank: int, world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_point_to_point(world_size):
     check_ok(run_ranks(_point_to_point, world_size))
+
+
+WIDE_INTS = {torch.int16: (16, True), torch.uint16: (16, False), torch.uint32: (32, False), torch.uint64: (64, False)}
+
+
+def _wrap(v: int, bits: int, signed: bool) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
+
+
+def _more_int_dtypes(rank: int, world_size: int) -> dict:
+    """int16, uint16, uint32, uint64: every reduce op exact (sums and products wrap around as in
+    two's complement), broadcast and all_gather; references in Python integers."""
+    out = {}
+    for dtype, (bits, signed) in WIDE_INTS.items():
+        top = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+        # Values near the top of the range, so sums and products wrap; small ones for AVG.
+        mine = [top - 3 * rank, rank + 1, (7 * rank + 3) % 11, top // 2 + rank]
+        everyone = [[top - 3 * r, r + 1, (7 * r + 3) % 11, top // 2 + r] for r in range(world_size)]
+        ops = {"sum": (dist.ReduceOp.SUM, lambda xs: sum(xs)), "product": (dist.ReduceOp.PRODUCT, lambda xs: _prod(xs)),
+               "max": (dist.ReduceOp.MAX, max), "min": (dist.ReduceOp.MIN, min),
+               "band": (dist.ReduceOp.BAND, lambda xs: _fold(xs, int.__and__)),
+               "bor": (dist.ReduceOp.BOR, lambda xs: _fold(xs, int.__or__)),
+               "bxor": (dist.ReduceOp.BXOR, lambda xs: _fold(xs, int.__xor__))}
+        for name, (op, ref) in ops.items():
+            t = torch.tensor(mine, dtype=dtype)
+            dist.all_reduce(t, op=op)
+            want = [_wrap(ref([e[i] for e in everyone]), bits, signed) for i in range(4)]
+            assert t.dtype == dtype and t.tolist() == want, f"all_reduce {name} {dtype}: {t.tolist()} != {want}"
+        small = torch.tensor([3 * rank + 1, 2], dtype=dtype)
+        dist.all_reduce(small, op=dist.ReduceOp.AVG)
+        assert small.tolist() == [sum(3 * r + 1 for r in range(world_size)) // world_size, 2], f"avg {dtype}"
+        b = torch.tensor(mine if rank == 0 else [0, 0, 0, 0], dtype=dtype)
+        dist.broadcast(b, src=0)
+        assert b.tolist() == everyone[0]
+        outs = [torch.zeros(4, dtype=dtype) for _ in range(world_size)]
+        dist.all_gather(outs, torch.tensor(mine, dtype=dtype))
+        assert [o.tolist() for o in outs] == everyone
+        out[str(dtype)] = t.tolist()
+    return out
+
+
+def _prod(xs):
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def _fold(xs, f):
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = f(acc, x)
+    return acc
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_int16_uint16_uint32_uint64(world_size):
+    values = check_ok(run_ranks(_more_int_dtypes, world_size))
+    assert all(v == values[0] for v in values)
