@@ -107,6 +107,62 @@ static void commFree(struct mcclComm* comm) {
   mcclCommRelease(comm);
 }
 
+/* Init failures travel through the store, so that a rank that cannot go on (a descriptor limit
+ * in accept() or socket(), say) fails the init of every other rank at once with its reason,
+ * instead of leaving them to time out on "still missing rank r". Under <prefix>/:
+ *   initfail/why  the reason, naming the rank, written first;
+ *   initfail      counter, incremented after it (mcclTransportInit's watch polls it);
+ *   addr/<r>      if rank r had not published its address yet: '!' and the reason.
+ * Only failures of this rank's own (not timeouts, not another rank's failure) are published. */
+typedef struct {
+  const mcclStore_t* store;
+  const char* prefix;
+  int rank;
+} initWatchCtx;
+
+static void initFailureText(int rank, const char* peer_reason, char* out, size_t cap) {
+  snprintf(out, cap, "rank %d stops its init because another rank's init failed: %s", rank, peer_reason);
+}
+
+static int initPeerFailed(void* ctx, char* why, size_t cap) {
+  const initWatchCtx* w = ctx;
+  char key[256], text[800];
+  int64_t failures = 0;
+  snprintf(key, sizeof(key), "%s/initfail", w->prefix);
+  if (w->store->add(w->store->ctx, key, 0, &failures) != mcclSuccess || failures <= 0) return 0;
+  size_t len = 0;
+  snprintf(key, sizeof(key), "%s/initfail/why", w->prefix);
+  if (w->store->get(w->store->ctx, key, text, sizeof(text) - 1, &len, 1000) != mcclSuccess)
+    snprintf(text, sizeof(text), "(its reason, store key '%s', could not be read)", key);
+  else
+    text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
+  initFailureText(w->rank, text, why, cap);
+  return 1;
+}
+
+static void initPublishFailure(const mcclStore_t* store, const char* prefix, int rank, const char* self_addr,
+                               int addr_published, const char* msg) {
+  static const char lead[] = "mcclCommInitConfig: ";
+  if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
+  char own[32], text[800], key[256];
+  snprintf(own, sizeof(own), "rank %d ", rank);
+  if (strncmp(msg, own, strlen(own)) == 0) snprintf(text, sizeof(text), "%s", msg);
+  else if (self_addr[0] != '\0') snprintf(text, sizeof(text), "rank %d (%s): %s", rank, self_addr, msg);
+  else snprintf(text, sizeof(text), "rank %d: %s", rank, msg);
+  int64_t ignored = 0;
+  snprintf(key, sizeof(key), "%s/initfail/why", prefix);
+  if (store->set(store->ctx, key, text, strlen(text)) == mcclSuccess) {
+    snprintf(key, sizeof(key), "%s/initfail", prefix);
+    store->add(store->ctx, key, 1, &ignored);
+  }
+  if (!addr_published) {
+    char marked[sizeof(text) + 1];
+    snprintf(marked, sizeof(marked), "!%s", text);
+    snprintf(key, sizeof(key), "%s/addr/%d", prefix, rank);
+    store->set(store->ctx, key, marked, strlen(marked));
+  }
+}
+
 /* Rank r's host description (core/host.h) into `out`, as the store holds it (this rank's own
  * too: every rank then judges the same values). */
 static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r, char out[MCCL_HOST_STRLEN],
@@ -175,6 +231,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   const int64_t deadline = mcclDeadlineNs(comm->timeout_ms);
   mcclResult_t res = mcclSuccess;
   int listen_fd = -1;
+  int publish_failure = 0, addr_published = 0; /* see initPublishFailure */
   char (*addrs)[MCCL_ADDR_STRLEN] = calloc((size_t)comm->nranks, MCCL_ADDR_STRLEN);
   char key[256], prefix[200];
   if (addrs == NULL) {
@@ -217,6 +274,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
       }
     }
 
+    publish_failure = 1; /* from here on the store is known to work */
     mcclSockaddr local;
     char ifname[96];
     MCCLCHECKGOTO(mcclFindLocalAddress(cfg->peer_hint, &local, ifname, sizeof(ifname)), res, fail);
@@ -230,14 +288,23 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     MCCLCHECKGOTO(store->set(store->ctx, key, host, strlen(host)), res, fail);
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
     MCCLCHECKGOTO(store->set(store->ctx, key, addrs[comm->rank], strlen(addrs[comm->rank])), res, fail);
+    addr_published = 1;
     for (int r = 0; r < comm->nranks; r++) {
       if (r == comm->rank) continue;
-      char what[64];
+      char what[64], text[800];
       size_t len = 0;
       snprintf(key, sizeof(key), "%s/addr/%d", prefix, r);
       snprintf(what, sizeof(what), "rank %d's address", r);
-      MCCLCHECKGOTO(storeGet(store, key, addrs[r], MCCL_ADDR_STRLEN - 1, &len, deadline, what), res, fail);
-      addrs[r][len < MCCL_ADDR_STRLEN ? len : MCCL_ADDR_STRLEN - 1] = '\0';
+      MCCLCHECKGOTO(storeGet(store, key, text, sizeof(text) - 1, &len, deadline, what), res, fail);
+      text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
+      if (text[0] == '!') { /* that rank failed before it could listen (initPublishFailure) */
+        char why[900];
+        initFailureText(comm->rank, text + 1, why, sizeof(why));
+        mcclSetThreadError("mcclCommInitConfig: %s", why);
+        res = mcclRemoteError;
+        goto fail;
+      }
+      snprintf(addrs[r], MCCL_ADDR_STRLEN, "%s", text);
     }
     /* A loopback address is reachable from its own host (and network namespace) only: if a rank
      * published one and a rank elsewhere must dial it, the job would wait out its timeout on
@@ -270,7 +337,9 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
         goto fail;
       }
     }
-    res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, deadline);
+    initWatchCtx watch_ctx = {store, prefix, comm->rank};
+    mcclTransportWatch watch = {&watch_ctx, initPeerFailed};
+    res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, &watch, deadline);
     if (res != mcclSuccess) {
       mcclSetThreadError("mcclCommInitConfig: %s", comm->tp.error);
       goto fail;
@@ -287,7 +356,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     if (send_thread && mcclTransportStartSender(&comm->tp) != mcclSuccess)
       WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
-    res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, deadline);
+    res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, NULL, deadline);
     if (res != mcclSuccess) goto fail;
   }
 
@@ -321,6 +390,9 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   return mcclSuccess;
 
 fail:
+  if (publish_failure && res != mcclTimeout && res != mcclRemoteError)
+    initPublishFailure(store, prefix, comm->rank, addrs != NULL ? addrs[comm->rank] : "", addr_published,
+                       mcclThreadError());
   if (listen_fd >= 0) close(listen_fd);
   free(addrs);
   WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, cfg->name ? cfg->name : "default",

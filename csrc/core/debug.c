@@ -139,3 +139,27 @@ int64_t mcclDeadlineNs(int64_t timeout_ms) {
   if (timeout_ms > max_ms) timeout_ms = max_ms;
   return mcclNowNs() + timeout_ms * 1000000LL;
 }
+
+void mcclCondInit(pthread_cond_t* cv) {
+#if MCCL_HAVE_COND_CLOCK
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &attr);
+  pthread_condattr_destroy(&attr);
+#else
+  pthread_cond_init(cv, NULL);
+#endif
+}
+
+int mcclCondWaitUntil(pthread_cond_t* cv, pthread_mutex_t* mu, int64_t deadline_ns) {
+#if MCCL_HAVE_COND_CLOCK
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000LL), (long)(deadline_ns % 1000000000LL)};
+  return pthread_cond_timedwait(cv, mu, &ts);
+#else
+  int64_t left = deadline_ns - mcclNowNs();
+  if (left <= 0) return ETIMEDOUT;
+  struct timespec rel = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+  return pthread_cond_timedwait_relative_np(cv, mu, &rel);
+#endif
+}

@@ -83,4 +83,11 @@ int64_t mcclNowNs(void);
  * for "forever") are clamped to that, negative ones count as 0. */
 int64_t mcclDeadlineNs(int64_t timeout_ms);
 
+/* Condition variables whose timed waits count on the mcclNowNs clock (CLOCK_MONOTONIC), so that a
+ * step of the wall clock moves no deadline. mcclCondInit initialises `cv` for that;
+ * mcclCondWaitUntil waits on it (with `mu` held, as pthread_cond_wait) until woken or until
+ * `deadline_ns` (mcclNowNs clock) and returns 0 or ETIMEDOUT. */
+void mcclCondInit(pthread_cond_t* cv);
+int mcclCondWaitUntil(pthread_cond_t* cv, pthread_mutex_t* mu, int64_t deadline_ns);
+
 #endif

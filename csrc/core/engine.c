@@ -395,7 +395,7 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
   atomic_init(&req->refs, 2); /* the caller's hold and the engine's */
   atomic_init(&req->finished, 0);
   pthread_mutex_init(&req->mu, NULL);
-  pthread_cond_init(&req->cv, NULL);
+  mcclCondInit(&req->cv);
   req->op = *op;
   req->source = -1;
   req->timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms : default_timeout_ms;
@@ -490,16 +490,9 @@ mcclResult_t mcclWait(mcclRequest_t req, int64_t timeout_ms) {
   if (timeout_ms < 0) {
     while (!req->done) pthread_cond_wait(&req->cv, &req->mu);
   } else {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    int64_t until = mcclDeadlineNs(timeout_ms);
     while (!req->done)
-      if (pthread_cond_timedwait(&req->cv, &req->mu, &until) != 0) break;
+      if (mcclCondWaitUntil(&req->cv, &req->mu, until) != 0) break;
   }
   mcclResult_t res = req->done ? req->result : mcclInProgress;
   pthread_mutex_unlock(&req->mu);

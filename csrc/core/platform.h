@@ -40,6 +40,11 @@
  *                           every socket must carry SO_NOSIGPIPE instead (macOS), which
  *                           mcclSocketOpen, mcclSocketAccept and mcclSocketTune set wherever the
  *                           option exists. With neither the build stops here.
+ *   MCCL_HAVE_COND_CLOCK    pthread_condattr_setclock(CLOCK_MONOTONIC) (POSIX clock selection:
+ *                           Linux, the BSDs): timed waits on condition variables count on the
+ *                           monotonic clock. Else (macOS) pthread_cond_timedwait_relative_np,
+ *                           which waits a relative time, also unaffected by a step of the wall
+ *                           clock. debug.c's mcclCondInit / mcclCondWaitUntil hide the difference.
  *   IFF_UP, IFF_LOOPBACK    the BSD interface flags getifaddrs reports. glibc shows them only
  *                           with _DEFAULT_SOURCE or _GNU_SOURCE (macOS only without
  *                           _POSIX_C_SOURCE or with _DARWIN_C_SOURCE); when hidden they are
@@ -69,6 +74,12 @@
 #define MCCL_HAVE_SETNAME_SELF 1
 #else
 #define MCCL_HAVE_SETNAME_SELF 0
+#endif
+
+#if defined(__APPLE__)
+#define MCCL_HAVE_COND_CLOCK 0
+#else
+#define MCCL_HAVE_COND_CLOCK 1
 #endif
 
 #if defined(MSG_NOSIGNAL)

@@ -79,7 +79,7 @@ MCCL_API mcclResult_t mcclTimelineCreate(uint64_t* word, int flags, const mcclTi
   }
   tl->error = mcclSuccess;
   pthread_mutex_init(&tl->mu, NULL);
-  pthread_cond_init(&tl->cv, NULL);
+  mcclCondInit(&tl->cv);
   *timeline = tl;
   return mcclSuccess;
 }
@@ -149,16 +149,9 @@ MCCL_API mcclResult_t mcclTimelinePoll(mcclTimeline_t tl, uint64_t value) {
 
 /* Sleep on the condition variable for `ns` (CPU signals end it early). */
 static void sleepFor(mcclTimeline_t tl, int64_t ns) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += ns / 1000000000LL;
-  ts.tv_nsec += ns % 1000000000LL;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  int64_t until = mcclNowNs() + ns;
   pthread_mutex_lock(&tl->mu);
-  pthread_cond_timedwait(&tl->cv, &tl->mu, &ts);
+  mcclCondWaitUntil(&tl->cv, &tl->mu, until);
   pthread_mutex_unlock(&tl->mu);
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/debug.h"
@@ -251,11 +252,40 @@ int mcclSocketAccept(int listen_fd, struct sockaddr* from, socklen_t* fromlen) {
   return fd;
 }
 
+static void limitText(rlim_t v, char* out, size_t cap) {
+  if (v == RLIM_INFINITY) snprintf(out, cap, "unlimited");
+  else snprintf(out, cap, "%llu", (unsigned long long)v);
+}
+
+void mcclSocketErrorText(int err, char* out, size_t cap) {
+  struct rlimit rl;
+  char soft[32] = "unknown", hard[32] = "unknown";
+  if ((err == EMFILE || err == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    limitText(rl.rlim_cur, soft, sizeof(soft));
+    limitText(rl.rlim_max, hard, sizeof(hard));
+  }
+  if (err == EMFILE)
+    snprintf(out, cap, "%s (EMFILE): this process has reached its limit of %s open descriptors (the soft "
+             "RLIMIT_NOFILE, which `ulimit -n` shows; the hard limit is %s)", strerror(err), soft, hard);
+  else if (err == ENFILE)
+    snprintf(out, cap, "%s (ENFILE): the system's table of open files is full (its size is fs.file-max "
+             "on Linux); this process's own limit is %s descriptors (the soft RLIMIT_NOFILE, which "
+             "`ulimit -n` shows)", strerror(err), soft);
+  else
+    snprintf(out, cap, "%s", strerror(err));
+}
+
+int mcclSocketResourceError(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
 mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
-  char text[MCCL_ADDR_STRLEN];
+  char text[MCCL_ADDR_STRLEN], why[320];
   int fd = mcclSocketOpen(addr->sa.sa_family);
   if (fd < 0) {
-    mcclSetThreadError("socket() failed: %s", strerror(errno));
+    mcclSocketErrorText(errno, why, sizeof(why));
+    mcclSockaddrFormat(addr, text, sizeof(text));
+    mcclSetThreadError("cannot open a socket to listen on %s: %s", text, why);
     return mcclSystemError;
   }
   int one = 1;
@@ -263,7 +293,8 @@ mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
   if (bind(fd, &addr->sa, mcclSockaddrLen(addr)) != 0 || listen(fd, 1024) != 0) {
     int err = errno;
     mcclSockaddrFormat(addr, text, sizeof(text));
-    mcclSetThreadError("cannot listen on %s: %s", text, strerror(err));
+    mcclSocketErrorText(err, why, sizeof(why));
+    mcclSetThreadError("cannot listen on %s: %s", text, why);
     close(fd);
     return mcclSystemError;
   }

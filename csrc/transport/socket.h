@@ -55,7 +55,17 @@ int mcclSocketOpen(int family);
  * descriptor, or -1 with errno set (EAGAIN: none waiting on a non-blocking listener). */
 int mcclSocketAccept(int listen_fd, struct sockaddr* from, socklen_t* fromlen);
 
-/* A listening socket bound to `addr` (port 0 picks one); writes the bound address back. */
+/* strerror(err), and for a descriptor limit what the limit is: EMFILE names this process's soft
+ * RLIMIT_NOFILE (the number `ulimit -n` shows) and its hard limit, ENFILE the system's table of
+ * open files (fs.file-max on Linux) and the process's limit too. Writes at most `cap` bytes. */
+void mcclSocketErrorText(int err, char* out, size_t cap);
+
+/* 1 when `err`, from socket() or accept(), says a resource of this process or system ran out
+ * (EMFILE, ENFILE, ENOBUFS, ENOMEM): waiting will not cure it while the job holds what it has. */
+int mcclSocketResourceError(int err);
+
+/* A listening socket bound to `addr` (port 0 picks one); writes the bound address back. Errors
+ * name the address and the cause (mcclSocketErrorText). */
 mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* fd);
 
 #endif

@@ -58,8 +58,9 @@ static mcclWireStatus helloCheck(const mcclTransport* t, const mcclTransportAuth
   return mcclHelloCheck(buf, &e, h, why, cap);
 }
 
-static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int kind, int target,
-                      uint8_t* out) {
+/* The hello (or ack, or READY) that rank `from` sends to rank `target`. */
+static void helloMakeFrom(const mcclTransport* t, const mcclTransportAuth* auth, int kind, int from, int target,
+                          uint8_t* out) {
   mcclHello h;
   memset(&h, 0, sizeof(h));
   h.version = MCCL_PROTOCOL_VERSION;
@@ -67,25 +68,97 @@ static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int
   memcpy(h.token, auth->token, MCCL_TOKEN_BYTES);
   h.generation = auth->generation;
   h.comm_hash = auth->comm_hash;
-  h.rank = (uint32_t)t->rank;
+  h.rank = (uint32_t)from;
   h.nranks = (uint16_t)t->nranks;
   h.target = (uint16_t)target;
   mcclHelloEncode(out, &h);
 }
 
-static int dial(mcclPending* p, const char* addr_text) {
+static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int kind, int target,
+                      uint8_t* out) {
+  helloMakeFrom(t, auth, kind, t->rank, target, out);
+}
+
+/* How long a failed dial waits before the next attempt. */
+#define MCCL_REDIAL_MS 50
+
+/* The room for the last reason a dial to each rank failed, for the timeout's message. */
+#define MCCL_WHY_BYTES 320
+
+/* Start a non-blocking connect to `addr_text` for `p`. Returns 0, or -1 with why[cap] saying what
+ * failed and with errno's text, and with *fatal set when waiting cannot cure it (a descriptor limit
+ * or another resource error of socket() or connect(); an address that does not parse). */
+static int dial(mcclPending* p, const char* addr_text, char* why, size_t cap, int* fatal) {
+  *fatal = 0;
   mcclSockaddr addr;
-  if (mcclSockaddrParse(addr_text, &addr) != 0) return -1;
+  if (mcclSockaddrParse(addr_text, &addr) != 0) {
+    snprintf(why, cap, "its published address '%s' is not a numeric host:port", addr_text);
+    *fatal = 1;
+    return -1;
+  }
   int fd = mcclSocketOpen(addr.sa.sa_family);
-  if (fd < 0) return -1;
-  if (mcclSocketTune(fd) != 0) { close(fd); return -1; }
+  if (fd < 0) {
+    int err = errno;
+    char text[MCCL_WHY_BYTES];
+    mcclSocketErrorText(err, text, sizeof(text));
+    snprintf(why, cap, "socket(): %s", text);
+    *fatal = mcclSocketResourceError(err);
+    return -1;
+  }
+  if (mcclSocketTune(fd) != 0) {
+    int err = errno;
+    close(fd);
+    snprintf(why, cap, "setting socket options: %s", strerror(err));
+    return -1;
+  }
   int rc = connect(fd, &addr.sa, mcclSockaddrLen(&addr));
-  if (rc != 0 && errno != EINPROGRESS) { close(fd); return -1; }
+  if (rc != 0 && errno != EINPROGRESS && errno != EINTR) { /* EINTR: it goes on in the background */
+    int err = errno;
+    close(fd);
+    snprintf(why, cap, "connect(): %s", strerror(err));
+    *fatal = mcclSocketResourceError(err);
+    return -1;
+  }
   p->fd = fd;
   p->state = PEND_CONNECTING;
   p->done = 0;
   return 0;
 }
+
+/* What a group of this size holds open on each rank, for the messages of descriptor limits. */
+static void descriptorNeeds(const mcclTransport* t, char* out, size_t cap) {
+  snprintf(out, cap,
+           "a communicator of %d ranks keeps up to %d descriptors open on each rank (%d connections and "
+           "two wake-up pipes) and one more, its listening socket, while it initialises, besides the "
+           "descriptors of the bootstrap store and the rest of the process (docs/FAILURES.md, "
+           "\"Descriptors\"); raise the limit (ulimit -n) or start fewer ranks per process",
+           t->nranks, t->nranks - 1 + 4, t->nranks - 1);
+}
+
+/* accept() errors that mean only that one connection went away before it was accepted (Linux
+ * passes pending network errors of the new socket on this way): take the next one. */
+static int acceptRetry(int err) {
+  switch (err) {
+    case EINTR:
+    case ECONNABORTED:
+    case EPROTO:
+    case EPERM: /* a firewall rule refused this connection */
+    case ENETDOWN:
+    case ENETUNREACH:
+    case EHOSTDOWN:
+    case EHOSTUNREACH:
+    case ENOPROTOOPT:
+    case EOPNOTSUPP:
+    case ETIMEDOUT:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+/* At most this many connections are accepted in one pass, so that no error a kernel keeps
+ * returning can make the loop spin without polling. */
+#define MCCL_ACCEPTS_PER_PASS 64
 
 static void pendingClose(mcclPending* p) {
   if (p->fd >= 0) close(p->fd);
@@ -117,6 +190,125 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
   return mcclSuccess;
 }
 
+/* A peer's connection ended while the mesh was being confirmed: its init failed. The store
+ * (`watch`) has its reason, published before it closed. */
+static mcclResult_t readyLost(mcclTransport* t, const mcclTransportWatch* watch, int peer, int err) {
+  char why[sizeof(t->error)];
+  if (watch != NULL && watch->failed != NULL && watch->failed(watch->ctx, why, sizeof(why))) {
+    snprintf(t->error, sizeof(t->error), "%s", why);
+  } else {
+    snprintf(t->error, sizeof(t->error), "rank %d (%s) %s before every rank had opened its connections: its "
+             "init failed (see that rank's error)", peer, t->conns[peer].addr,
+             err == 0 ? "closed its connection" : strerror(err));
+  }
+  return mcclRemoteError;
+}
+
+/* The last step of opening the mesh. A rank whose own connections are all open may not return
+ * yet: a peer may still fail its init (a descriptor limit while it accepts the others, say), and
+ * the communicators of the ranks that returned could not work. So every rank sends READY on every
+ * connection once its own mesh is open, and returns once every peer's READY has arrived (one
+ * message each way, no round trip more than the slowest rank's mesh). A peer that closes instead
+ * failed, and the store says why; `watch` is also polled while waiting. */
+static mcclResult_t meshReady(mcclTransport* t, const mcclTransportAuth* auth, const mcclTransportWatch* watch,
+                              int64_t deadline_ns) {
+  int n = t->nranks;
+  uint8_t(*out)[MCCL_HELLO_BYTES] = calloc((size_t)n, MCCL_HELLO_BYTES);
+  uint8_t(*in)[MCCL_HELLO_BYTES] = calloc((size_t)n, MCCL_HELLO_BYTES);
+  size_t* moved = calloc((size_t)n * 2, sizeof(size_t)); /* [sent | received] bytes per peer */
+  mcclResult_t res = mcclSuccess;
+  if (out == NULL || in == NULL || moved == NULL) {
+    snprintf(t->error, sizeof(t->error), "out of memory confirming %d connections", n);
+    res = mcclSystemError;
+    goto done;
+  }
+  size_t *sent = moved, *got = moved + n;
+  int left = 0;
+  for (int r = 0; r < n; r++)
+    if (r != t->rank) {
+      helloMakeFrom(t, auth, MCCL_HELLO_KIND_READY, t->rank, r, out[r]);
+      left += 2;
+    }
+  int64_t next_watch = mcclNowNs() + MCCL_INIT_WATCH_MS * 1000000LL;
+  while (left > 0) {
+    int np = 0;
+    for (int r = 0; r < n; r++) {
+      if (r == t->rank) continue;
+      short ev = (short)((sent[r] < MCCL_HELLO_BYTES ? POLLOUT : 0) | (got[r] < MCCL_HELLO_BYTES ? POLLIN : 0));
+      if (ev == 0) continue;
+      t->pfds[np].fd = t->conns[r].fd;
+      t->pfds[np].events = ev;
+      t->pfds[np].revents = 0;
+      t->pfd_peer[np++] = r;
+    }
+    int64_t now = mcclNowNs();
+    if (now >= deadline_ns) {
+      char missing[300] = "";
+      size_t len = 0;
+      for (int k = 0; k < np && len + 20 < sizeof(missing); k++)
+        if (got[t->pfd_peer[k]] < MCCL_HELLO_BYTES)
+          len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%d", len ? ", " : "", t->pfd_peer[k]);
+      snprintf(t->error, sizeof(t->error), "timed out: rank %d (%s) opened all its connections, but rank %s did "
+               "not say it had opened all of its own (see their errors)", t->rank, t->self_addr, missing);
+      res = mcclTimeout;
+      goto done;
+    }
+    if (watch != NULL && watch->failed != NULL && now >= next_watch) {
+      next_watch = now + MCCL_INIT_WATCH_MS * 1000000LL;
+      char why[sizeof(t->error)];
+      if (watch->failed(watch->ctx, why, sizeof(why))) {
+        snprintf(t->error, sizeof(t->error), "%s", why);
+        res = mcclRemoteError;
+        goto done;
+      }
+    }
+    int64_t wait_ms = (deadline_ns - now) / 1000000LL;
+    if (wait_ms > 50) wait_ms = 50;
+    if (wait_ms < 1) wait_ms = 1;
+    if (poll(t->pfds, (nfds_t)np, (int)wait_ms) < 0 && errno != EINTR) {
+      snprintf(t->error, sizeof(t->error), "poll() failed: %s", strerror(errno));
+      res = mcclSystemError;
+      goto done;
+    }
+    for (int k = 0; k < np; k++) {
+      int r = t->pfd_peer[k], fd = t->conns[r].fd;
+      short re = t->pfds[k].revents;
+      if (re == 0) continue;
+      if (sent[r] < MCCL_HELLO_BYTES && (re & (POLLOUT | POLLERR | POLLHUP))) {
+        ssize_t w = send(fd, out[r] + sent[r], MCCL_HELLO_BYTES - sent[r], MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0 && (sent[r] += (size_t)w) == MCCL_HELLO_BYTES) left--;
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          res = readyLost(t, watch, r, errno);
+          goto done;
+        }
+      }
+      if (got[r] < MCCL_HELLO_BYTES && (re & (POLLIN | POLLERR | POLLHUP))) {
+        ssize_t m = recv(fd, in[r] + got[r], MCCL_HELLO_BYTES - got[r], MSG_DONTWAIT);
+        if (m == 0 || (m < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          res = readyLost(t, watch, r, m == 0 ? 0 : errno);
+          goto done;
+        }
+        if (m > 0 && (got[r] += (size_t)m) == MCCL_HELLO_BYTES) {
+          uint8_t want[MCCL_HELLO_BYTES];
+          helloMakeFrom(t, auth, MCCL_HELLO_KIND_READY, r, t->rank, want);
+          if (memcmp(want, in[r], MCCL_HELLO_BYTES) != 0) {
+            snprintf(t->error, sizeof(t->error), "rank %d (%s) sent something other than READY after its "
+                     "handshake", r, t->conns[r].addr);
+            res = mcclProtocolError;
+            goto done;
+          }
+          left--;
+        }
+      }
+    }
+  }
+done:
+  free(out);
+  free(in);
+  free(moved);
+  return res;
+}
+
 mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const int* fds) {
   mcclResult_t res = transportAlloc(t, rank, nranks);
   if (res != mcclSuccess) return res;
@@ -138,12 +330,13 @@ mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const 
 
 mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
                                char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
-                               int64_t deadline_ns) {
+                               const mcclTransportWatch* watch, int64_t deadline_ns) {
   int npend_cap = nranks + MAX_PENDING_INCOMING;
   mcclPending* pend = calloc((size_t)npend_cap, sizeof(mcclPending));
   struct pollfd* pfds = calloc((size_t)npend_cap + 1, sizeof(struct pollfd));
   int64_t* retry_at = calloc((size_t)nranks, sizeof(int64_t));
-  char (*last_why)[160] = calloc((size_t)nranks, sizeof(*last_why));
+  char (*last_why)[MCCL_WHY_BYTES] = calloc((size_t)nranks, sizeof(*last_why));
+  char needs[400];
   if (pend != NULL) /* before any failure can reach `done`, which closes every slot's fd */
     for (int r = 0; r < npend_cap; r++) pend[r].fd = -1;
   mcclResult_t res = transportAlloc(t, rank, nranks);
@@ -157,19 +350,53 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
     snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "%s", peer_addrs[r]);
   snprintf(t->self_addr, sizeof(t->self_addr), "%s", peer_addrs[rank]);
 
-  /* Outgoing: one pending slot per lower rank (slot index == rank). */
-  int remaining = nranks - 1;
+  descriptorNeeds(t, needs, sizeof(needs));
+
+  /* Outgoing: one pending slot per lower rank (slot index == rank). Dials that fail for a reason
+   * waiting can cure are retried; the others end init now, naming the cause. */
+  int remaining = nranks - 1, fatal = 0;
   for (int r = 0; r < rank; r++) {
     pend[r].peer = r;
     pend[r].outgoing = 1;
     snprintf(pend[r].addr, sizeof(pend[r].addr), "%s", peer_addrs[r]);
-    if (dial(&pend[r], peer_addrs[r]) != 0) retry_at[r] = mcclNowNs() + 50 * 1000000LL;
   }
+  int fatal_peer = -1; /* the rank whose dial failed with `fatal` set */
+  for (int r = 0; r < rank && !fatal; r++)
+    if (dial(&pend[r], peer_addrs[r], last_why[r], sizeof(last_why[r]), &fatal) != 0) {
+      if (fatal) fatal_peer = r;
+      else retry_at[r] = mcclNowNs() + MCCL_REDIAL_MS * 1000000LL;
+    }
+  int64_t next_watch = mcclNowNs() + MCCL_INIT_WATCH_MS * 1000000LL;
 
   while (remaining > 0) {
     int64_t now = mcclNowNs();
+    /* Redial peers whose earlier attempt failed. */
+    for (int r = 0; r < rank && !fatal; r++)
+      if (t->conns[r].fd < 0 && pend[r].fd < 0 && retry_at[r] && now >= retry_at[r]) {
+        retry_at[r] = 0;
+        if (dial(&pend[r], peer_addrs[r], last_why[r], sizeof(last_why[r]), &fatal) != 0) {
+          if (fatal) fatal_peer = r;
+          else retry_at[r] = now + MCCL_REDIAL_MS * 1000000LL;
+        }
+      }
+    if (fatal) {
+      int r = fatal_peer;
+      snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot dial rank %d at %s: %s; %s", rank,
+               t->self_addr, r, peer_addrs[r], last_why[r], needs);
+      res = strncmp(last_why[r], "its published", 13) == 0 ? mcclInvalidArgument : mcclSystemError;
+      goto done;
+    }
+    if (watch != NULL && watch->failed != NULL && now >= next_watch) {
+      next_watch = now + MCCL_INIT_WATCH_MS * 1000000LL;
+      char why[sizeof(t->error)];
+      if (watch->failed(watch->ctx, why, sizeof(why))) {
+        snprintf(t->error, sizeof(t->error), "%s", why);
+        res = mcclRemoteError;
+        goto done;
+      }
+    }
     if (now >= deadline_ns) {
-      char missing[400] = "";
+      char missing[600] = "";
       size_t len = 0;
       for (int r = 0; r < nranks && len + 100 < sizeof(missing); r++) {
         if (r == rank || t->conns[r].fd >= 0) continue;
@@ -182,13 +409,6 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
                t->self_addr, missing);
       res = mcclTimeout;
       goto done;
-    }
-    /* Redial peers whose earlier attempt failed. */
-    for (int r = 0; r < rank; r++) {
-      if (t->conns[r].fd < 0 && pend[r].fd < 0 && retry_at[r] && now >= retry_at[r]) {
-        retry_at[r] = 0;
-        if (dial(&pend[r], peer_addrs[r]) != 0) retry_at[r] = now + 50 * 1000000LL;
-      }
     }
     int np = 0;
     pfds[np].fd = listen_fd;
@@ -213,11 +433,23 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
     }
     if (n <= 0) continue;
     if (pfds[0].revents & POLLIN) {
-      for (;;) {
+      for (int k = 0; k < MCCL_ACCEPTS_PER_PASS; k++) {
         mcclSockaddr from;
         socklen_t fromlen = sizeof(from.ss);
         int fd = mcclSocketAccept(listen_fd, &from.sa, &fromlen);
-        if (fd < 0) break;
+        if (fd < 0) {
+          int err = errno;
+          if (err == EAGAIN || err == EWOULDBLOCK) break;
+          if (acceptRetry(err)) continue;
+          /* The connection stays queued, so the listener stays readable: polling again would spin
+           * until the deadline. A descriptor limit does not lift while this rank waits. */
+          char text[MCCL_WHY_BYTES];
+          mcclSocketErrorText(err, text, sizeof(text));
+          snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot accept the connections of its peers: "
+                   "accept(): %s; %s", rank, t->self_addr, text, needs);
+          res = mcclSystemError;
+          goto done;
+        }
         int slot = -1, oldest = -1;
         for (int i = nranks; i < npend_cap && slot < 0; i++) {
           if (pend[i].fd < 0) slot = i;
@@ -232,8 +464,14 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
           pend[oldest].fd = -1;
           slot = oldest;
         }
-        if (slot < 0 || mcclSocketTune(fd) != 0) {
+        if (slot < 0) {
           WARN("rank %d: refused connection from %s: too many unauthenticated connections", rank, text);
+          close(fd);
+          continue;
+        }
+        if (mcclSocketTune(fd) != 0) {
+          WARN("rank %d: closed connection from %s: setting its socket options failed: %s", rank, text,
+               strerror(errno));
           close(fd);
           continue;
         }
@@ -256,9 +494,9 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
         socklen_t el = sizeof(err);
         getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
         if (err != 0) {
-          snprintf(last_why[p->peer], sizeof(last_why[0]), "%s", strerror(err));
+          snprintf(last_why[p->peer], sizeof(last_why[0]), "connect(): %s", strerror(err));
           pendingClose(p);
-          retry_at[p->peer] = mcclNowNs() + 50 * 1000000LL;
+          retry_at[p->peer] = mcclNowNs() + MCCL_REDIAL_MS * 1000000LL;
           continue;
         }
         helloMake(t, auth, MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
@@ -324,6 +562,7 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
       }
     }
   }
+  res = meshReady(t, auth, watch, deadline_ns);
 done:
   if (pend != NULL)
     for (int i = 0; i < npend_cap; i++) pendingClose(&pend[i]);

@@ -116,13 +116,34 @@ typedef struct {
   uint64_t generation, comm_hash;
 } mcclTransportAuth;
 
+/* While the mesh opens: has another rank given up on this init? The owner (comm.c) asks the
+ * bootstrap store, where a rank whose init failed publishes why. `failed` returns 1 and writes
+ * that rank's reason (naming it) to why[cap], else 0. It is called on the thread that called
+ * mcclTransportInit, at most every MCCL_INIT_WATCH_MS. */
+typedef struct {
+  void* ctx;
+  int (*failed)(void* ctx, char* why, size_t cap);
+} mcclTransportWatch;
+
+#define MCCL_INIT_WATCH_MS 200
+
 /* Open the mesh: connect to every lower rank, accept every higher rank on `listen_fd`, with the
  * hello/ack handshake in both directions, until `deadline_ns` (mcclNowNs clock). Connections that
  * fail the handshake (strangers, wrong token or generation, duplicate or out-of-range ranks) are
- * closed and logged; the mesh goes on. `peer_addrs[r]` is rank r's published address. */
+ * closed and logged; the mesh goes on. `peer_addrs[r]` is rank r's published address. Once its
+ * own connections are open a rank sends READY on each and returns only when every peer has sent
+ * its READY, so that no rank's init succeeds while another's fails.
+ *
+ * Failures that waiting cannot cure end it at once with t->error naming the cause: a descriptor
+ * limit (EMFILE, ENFILE: the message gives the soft RLIMIT_NOFILE, as `ulimit -n` shows it, and
+ * what a group of this size needs) or another resource error in socket() or accept(), an address
+ * that does not parse (mcclSystemError or mcclInvalidArgument), or another rank's published
+ * failure (`watch`, may be NULL: mcclRemoteError). A dial that fails for a reason that may pass
+ * (refused, reset, unreachable) is retried; the last reason for each missing rank is in the
+ * timeout's message. */
 mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
                                char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
-                               int64_t deadline_ns);
+                               const mcclTransportWatch* watch, int64_t deadline_ns);
 
 /* For tests and fuzzers: a transport of `nranks` whose connections are already-connected stream
  * sockets (fds[r] < 0: none; the transport owns and closes the others), without a handshake. */

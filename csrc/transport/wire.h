@@ -17,7 +17,8 @@
  *   24 offset u64 (byte offset of the payload in its buffer)   32 length u32 (payload bytes)
  *   36 step u32   40 root u32   44 reserved u32
  *
- * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing.
+ * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing; its
+ * seq is the number of collectives its sender completed (tcp.h, mcclTransportSettle).
  * A frame of type P2P belongs to a send/recv message (see the frame types below).
  *
  * Everything that judges bytes from a peer lives in wire.c as pure functions (no sockets, no
@@ -40,7 +41,10 @@
 #define MCCL_FRAME_BYTES 48
 #define MCCL_MAX_ABORT_REASON 512
 
-enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2 };
+/* READY: after the handshake, sent on every connection once the sender's whole mesh is open, so
+ * that no rank finishes init while another gives up (tcp.c meshReady); rank: the sender, target:
+ * the receiver, every other field as in its hello. */
+enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2, MCCL_HELLO_KIND_READY = 3 };
 /* DATA: a collective's frame, matched in order against the receives the algorithm posted.
  * P2P: a point-to-point message's frame (root = tag, count = the message's elements, offset and
  * length locate the payload in it), matched by (sender, tag) outside the collective order.
