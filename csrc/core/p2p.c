@@ -9,6 +9,18 @@
  * a buffer of its own until a receive claims it. Later frames of the message follow the first
  * on the same connection, so each peer has one "current" message at a time.
  *
+ * Parking is bounded: the messages parked from one peer may hold at most MCCL_P2P_PARK_BYTES
+ * (each counted as its size plus PARK_OVERHEAD, reserved when its first frame arrives). A message
+ * that does not fit is not read: its header is held (MCCL_ARRIVE_HOLD) and nothing more is read
+ * from that peer, so TCP holds the sender back, until a receive claims a parked message (room
+ * again) or one is posted that matches the held message, which is then read straight into that
+ * receive's buffer (so a message larger than the budget still gets through). One exception keeps
+ * collectives from waiting on point-to-point traffic that shares their connection: while a
+ * collective receive is posted on the peer's connection (its frames are behind the messages),
+ * messages are parked past the budget (a warning says so, once per peer). The excess is then at
+ * most what the peer sent before that collective. Out of memory, parking waits the same way; with
+ * a collective behind it, the communicator fails with an error saying so. No message is dropped.
+ *
  * A send or receive whose buffer a device is still writing (its handoff's producer, O1) waits in
  * `waiting` until the producer is done, polled at every round; it holds back the later sends to
  * (receives from) the same peer, so the per-(peer, tag) order stays the issue order, while work
@@ -24,6 +36,7 @@
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "core/param.h"
 #include "device/handoff.h"
 
 typedef struct mcclParked {
@@ -33,8 +46,13 @@ typedef struct mcclParked {
   char* buf;                 /* grows as frames land, up to `bytes` (see parkedRoom) */
   size_t cap;
   struct mcclRequest* claim; /* a receive that matched it before it fully arrived */
+  size_t cost;               /* what it counts against its peer's budget: bytes + PARK_OVERHEAD */
   struct mcclParked* next;
 } mcclParked;
+
+/* What a parked message costs beyond its payload (its record and the allocator's headers), so
+ * that a flood of empty messages is bounded too. */
+#define PARK_OVERHEAD (sizeof(mcclParked) + 64)
 
 enum { CUR_NONE = 0, CUR_RECV, CUR_PARKED, CUR_DISCARD };
 
@@ -53,6 +71,9 @@ struct mcclP2pState {
   int* posted_from;           /* [nranks]: unmatched receives naming each peer */
   int posted_any;             /* unmatched MCCL_ANY_SOURCE receives */
   int stalled;                /* a message in flight passed its deadline (stalledMidMessage) */
+  size_t budget;              /* MCCL_P2P_PARK_BYTES */
+  size_t* parked_cost;        /* [nranks]: what the parked messages from each peer cost */
+  char* over_warned;          /* [nranks]: parking past the budget was logged for that peer */
 };
 
 static void listRemove(struct mcclRequest** head, struct mcclRequest* req) {
@@ -110,8 +131,32 @@ static void freeParked(struct mcclP2pState* st, mcclParked* m) {
       *p = m->next;
       break;
     }
+  st->parked_cost[m->peer] -= m->cost; /* room again: a held header is asked again next round */
   free(m->buf);
   free(m);
+}
+
+/* 1 while a collective receive is posted on `peer`'s connection: its frames are behind whatever
+ * that peer sent before, so nothing from that peer may wait. */
+static int collectiveWaits(const struct mcclComm* comm, int peer) { return comm->tp.conns[peer].rq_head != NULL; }
+
+/* May an unmatched message of `bytes` from `peer` be parked now? Within the budget, yes; past it
+ * only when a collective waits behind it (logged once per peer). */
+static int parkAllowed(struct mcclComm* comm, int peer, size_t bytes, int tag) {
+  struct mcclP2pState* st = comm->p2p;
+  size_t used = st->parked_cost[peer];
+  if (bytes <= st->budget && used <= st->budget && st->budget - used >= bytes &&
+      st->budget - used - bytes >= PARK_OVERHEAD)
+    return 1;
+  if (!collectiveWaits(comm, peer)) return 0;
+  if (!st->over_warned[peer]) {
+    st->over_warned[peer] = 1;
+    WARN("rank %d: parking a %zu-byte message (tag %d) from rank %d (%s) past MCCL_P2P_PARK_BYTES (%zu bytes; "
+         "%zu parked already), because a collective's frames from that rank are behind it; post the recvs "
+         "of messages sent before a collective before that collective to keep within the budget",
+         comm->rank, bytes, tag, peer, comm->tp.conns[peer].addr, st->budget, used);
+  }
+  return 1;
 }
 
 /* Make room for the first `end` bytes of a parked message. The buffer grows with the bytes that
@@ -268,13 +313,25 @@ static mcclResult_t p2pRound(void* ctx) {
     if (now < req->deadline_ns) continue;
     listRemove(&st->recvs, req);
     unposted(st, req);
-    char msg[300];
+    char msg[700];
     if (req->peer == MCCL_ANY_SOURCE)
       snprintf(msg, sizeof(msg), "recv (tag %d, any source) timed out after %lld ms: no rank sent a matching message",
                req->tag, (long long)req->timeout_ms);
     else
       snprintf(msg, sizeof(msg), "recv from rank %d (%s) with tag %d timed out after %lld ms: no matching send arrived",
                req->peer, comm->tp.conns[req->peer].addr, req->tag, (long long)req->timeout_ms);
+    /* The message may be behind others that no recv claimed, which this rank stopped reading. */
+    for (int p = 0; p < comm->nranks; p++) {
+      if (!comm->tp.conns[p].rx_held || (req->peer != MCCL_ANY_SOURCE && req->peer != p)) continue;
+      const mcclFrame* held = &comm->tp.conns[p].rx_frame;
+      size_t len = strlen(msg), upcoming = (size_t)held->count * mcclDataTypeSize((mcclDataType_t)held->dtype);
+      snprintf(msg + len, sizeof(msg) - len,
+               "; this rank stopped reading from rank %d: its messages that no recv has claimed (%zu bytes "
+               "parked) and the next one (tag %u, %zu bytes, waiting in the socket) exceed the "
+               "MCCL_P2P_PARK_BYTES budget of %zu bytes, so the message may be behind them: post their recvs "
+               "first, or raise the budget", p, st->parked_cost[p], held->root, upcoming, st->budget);
+      break;
+    }
     finish(req, mcclTimeout, msg);
   }
   for (struct mcclRequest* req = st->active; req != NULL; req = req->next)
@@ -312,19 +369,32 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char*
                (unsigned long long)f->offset, f->length, first->root, (unsigned long long)first->seq,
                (unsigned long long)first->count, mcclDtypeName(first->dtype),
                (unsigned long long)st->cur_next[peer]);
-      return -1;
+      return MCCL_ARRIVE_BROKEN;
     }
   } else {
     if (f->offset != 0) {
       snprintf(why, cap, "a send/recv frame at byte %llu of a message (tag %u, #%llu) that never started",
                (unsigned long long)f->offset, f->root, (unsigned long long)f->seq);
-      return -1;
+      return MCCL_ARRIVE_BROKEN;
     }
-    st->cur_frame[peer] = *f;
-    st->cur_next[peer] = 0;
     int tag = (int)f->root;
     struct mcclRequest* req = st->recvs;
     while (req != NULL && !(req->tag == tag && (req->peer == MCCL_ANY_SOURCE || req->peer == peer))) req = req->next;
+    /* Nothing changes before this point: a held header is asked again, with the same frame. */
+    mcclParked* m = NULL;
+    if (req == NULL) {
+      size_t bytes = (size_t)f->count * esz;
+      if (!parkAllowed(comm, peer, bytes, tag)) return MCCL_ARRIVE_HOLD;
+      m = calloc(1, sizeof(*m));
+      if (m == NULL) {
+        if (!collectiveWaits(comm, peer)) return MCCL_ARRIVE_HOLD; /* memory may come back */
+        snprintf(why, cap, "out of memory parking a %zu-byte message (tag %d) while a collective's frames "
+                 "from that rank are behind it", bytes, tag);
+        return MCCL_ARRIVE_NOMEM;
+      }
+    }
+    st->cur_frame[peer] = *f;
+    st->cur_next[peer] = 0;
     st->cur_kind[peer] = CUR_DISCARD;
     if (req != NULL) {
       listRemove(&st->recvs, req);
@@ -337,26 +407,21 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char*
         st->cur[peer] = req;
       }
     } else {
-      mcclParked* m = calloc(1, sizeof(*m));
-      size_t bytes = (size_t)f->count * esz;
-      if (m != NULL) {
-        m->peer = peer;
-        m->tag = tag;
-        m->dtype = dt;
-        m->count = (size_t)f->count;
-        m->bytes = bytes;
-        mcclParked** p = &st->parked;
-        while (*p != NULL) p = &(*p)->next;
-        *p = m;
-        st->cur_kind[peer] = CUR_PARKED;
-        st->cur[peer] = m;
-      } else {
-        free(m);
-        WARN("rank %d: out of memory parking a %zu-byte message from rank %d; it is dropped", comm->rank, bytes, peer);
-      }
+      m->peer = peer;
+      m->tag = tag;
+      m->dtype = dt;
+      m->count = (size_t)f->count;
+      m->bytes = (size_t)f->count * esz;
+      m->cost = m->bytes + PARK_OVERHEAD;
+      st->parked_cost[peer] += m->cost;
+      mcclParked** p = &st->parked;
+      while (*p != NULL) p = &(*p)->next;
+      *p = m;
+      st->cur_kind[peer] = CUR_PARKED;
+      st->cur[peer] = m;
     }
   }
-  if (*room == 0) return 0; /* nothing lands (and the buffer of an empty message may be NULL) */
+  if (*room == 0) return MCCL_ARRIVE_OK; /* nothing lands (the buffer of an empty message may be NULL) */
   size_t at = (size_t)f->offset + done; /* where the next byte goes in the message */
   switch (st->cur_kind[peer]) {
     case CUR_RECV: *dst = (char*)((struct mcclRequest*)st->cur[peer])->op.recvbuf + at; break;
@@ -366,13 +431,12 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char*
       mcclParked* m = st->cur[peer];
       size_t step = *room < 65536 ? *room : 65536;
       if (parkedRoom(m, at + step) != 0) {
-        WARN("rank %d: out of memory parking %zu bytes of a message from rank %d; it is dropped",
-             comm->rank, at + step, peer);
-        if (m->claim != NULL) finish(m->claim, mcclSystemError, "out of memory parking the message for this recv");
-        m->claim = NULL;
-        freeParked(st, m);
-        st->cur_kind[peer] = CUR_DISCARD;
-        break;
+        /* Wait for memory with the rest of the message in the socket (asked again every round),
+         * unless a collective waits behind it. */
+        if (!collectiveWaits(comm, peer)) return MCCL_ARRIVE_HOLD;
+        snprintf(why, cap, "out of memory parking %zu bytes of a %zu-byte message (tag %d) while a collective's "
+                 "frames from that rank are behind it", at + step, m->bytes, m->tag);
+        return MCCL_ARRIVE_NOMEM;
       }
       *dst = m->buf + at;
       if (*room > m->cap - at) *room = m->cap - at;
@@ -380,7 +444,7 @@ static int p2pArrive(void* ctx, int peer, const mcclFrame* f, size_t done, char*
     }
     default: break;
   }
-  return 0;
+  return MCCL_ARRIVE_OK;
 }
 
 static void p2pLanded(void* ctx, int peer, const mcclFrame* f) {
@@ -421,11 +485,19 @@ mcclResult_t mcclP2pInit(struct mcclComm* comm) {
   st->cur_next = calloc(n, sizeof(uint64_t));
   st->held_send = calloc(n, 1);
   st->held_recv = calloc(n, 1);
+  st->parked_cost = calloc(n, sizeof(size_t));
+  st->over_warned = calloc(n, 1);
+  st->budget = (size_t)mcclParamInt("MCCL_P2P_PARK_BYTES");
   comm->p2p = st;
   if (!st->cur_kind || !st->cur || !st->send_seq || !st->posted_from || !st->cur_frame || !st->cur_next ||
-      !st->held_send || !st->held_recv)
+      !st->held_send || !st->held_recv || !st->parked_cost || !st->over_warned)
     return mcclSystemError;
   comm->tp.p2p = (mcclP2pHooks){comm, p2pArrive, p2pLanded, p2pWanted, p2pRound};
+  static atomic_flag logged = ATOMIC_FLAG_INIT;
+  if (comm->nranks > 1 && !atomic_flag_test_and_set(&logged))
+    INFO(MCCL_SUB_INIT, "point-to-point: up to %zu bytes of messages that arrive before their recv are parked "
+         "per peer (MCCL_P2P_PARK_BYTES); past that, reading from that peer waits until recvs claim them",
+         st->budget);
   return mcclSuccess;
 }
 
@@ -472,6 +544,8 @@ void mcclP2pFree(struct mcclComm* comm) {
   free(st->cur_next);
   free(st->held_send);
   free(st->held_recv);
+  free(st->parked_cost);
+  free(st->over_warned);
   free(st);
   comm->p2p = NULL;
 }

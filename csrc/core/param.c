@@ -39,6 +39,9 @@ static mcclParam params[] = {
      * engine thread receives and reduces; 0: the engine thread does all three; -1: 1 when
      * this rank may run on two CPUs and the ranks sharing its CPUs have two each (core/host.h). */
     {"MCCL_SEND_THREAD", -1, -1, 1, 0, NULL, 0},
+    /* Bytes of point-to-point messages that arrived before their recv, parked per peer; past it
+     * that peer's connection is not read until recvs claim them (TCP backpressure, core/p2p.c). */
+    {"MCCL_P2P_PARK_BYTES", 64 << 20, 0, (int64_t)1 << 50, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

@@ -891,6 +891,7 @@ static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got,
  * receive claims yet stops reading until one is posted (TCP then holds the sender back). */
 static int wantRead(const mcclTransport* t, int peer) {
   const mcclConn* c = &t->conns[peer];
+  if (c->rx_held) return 0; /* the owner of the P2P frame being read will say when */
   if (c->rq_head != NULL || c->rx_mode == MCCL_RX_P2P || c->rx_mode == MCCL_RX_COLL ||
       c->rx_mode == MCCL_RX_ABORT)
     return 1;
@@ -913,13 +914,28 @@ static mcclResult_t abortArrived(mcclTransport* t, int peer) {
   return mcclRemoteError;
 }
 
-/* Ask the owner of the P2P frame being read where its next bytes go (see mcclP2pHooks.arrive). */
+/* Ask the owner of the P2P frame being read where its next bytes go (see mcclP2pHooks.arrive).
+ * An owner that holds the frame sets c->rx_held: nothing more is read from `peer` until a later
+ * call of this function (progressRound asks at the start of every round) is answered otherwise. */
 static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   char why[300] = "";
   char* dst = NULL;
   size_t room = 0, done = c->rx_frame.length - c->rx_left;
-  if (t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, done, &dst, &room, why, sizeof(why)) != 0) {
+  c->rx_held = 0;
+  int rc = t->p2p.arrive(t->p2p.ctx, peer, &c->rx_frame, done, &dst, &room, why, sizeof(why));
+  if (rc == MCCL_ARRIVE_HOLD) {
+    c->rx_held = 1;
+    c->rx_dst = NULL;
+    c->rx_room = 0;
+    return mcclSuccess;
+  }
+  if (rc == MCCL_ARRIVE_NOMEM) {
+    snprintf(t->error, sizeof(t->error), "rank %d cannot take a point-to-point message from rank %d (%s): %s",
+             t->rank, peer, c->addr, why);
+    return mcclSystemError;
+  }
+  if (rc != MCCL_ARRIVE_OK) {
     snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
     return mcclProtocolError;
   }
@@ -981,6 +997,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_mode = MCCL_RX_P2P;
         c->rx_left = c->rx_frame.length;
         MCCLCHECK(p2pRoom(t, peer));
+        if (c->rx_held) return mcclSuccess;
       } else {
         c->rx_mode = MCCL_RX_PEEKED;
       }
@@ -988,7 +1005,10 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
       c->rx_room -= (size_t)n;
-      if (c->rx_mode == MCCL_RX_P2P && c->rx_room == 0 && c->rx_left > 0) MCCLCHECK(p2pRoom(t, peer));
+      if (c->rx_mode == MCCL_RX_P2P && c->rx_room == 0 && c->rx_left > 0) {
+        MCCLCHECK(p2pRoom(t, peer));
+        if (c->rx_held) return mcclSuccess;
+      }
     }
     if (c->rx_mode == MCCL_RX_PEEKED) {
       if (c->rq_head == NULL) return mcclSuccess; /* wait for the algorithm to post its receive */
@@ -1052,9 +1072,20 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
   mcclSender* snd = t->sender;
   if (snd != NULL && atomic_load(&snd->failed)) return senderFailed(t);
   if (t->p2p.round != NULL) MCCLCHECK(t->p2p.round(t->p2p.ctx));
+  int ready = 0;
+  /* A P2P frame its owner held (a budget was full): ask again, since the round may have freed
+   * room, posted its receive, or posted a collective receive that must not wait behind it. */
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    if (!c->rx_held || c->dead) continue;
+    MCCLCHECK(p2pRoom(t, r));
+    if (!c->rx_held) {
+      MCCLCHECK(connRecv(t, r));
+      ready = 1;
+    }
+  }
   /* A header read earlier and held for lack of a posted receive needs no poll once one is
    * posted: its bytes are already here (an empty frame has no more). */
-  int ready = 0;
   for (int r = 0; r < t->nranks; r++) {
     if (t->conns[r].rx_mode == MCCL_RX_PEEKED && t->conns[r].rq_head != NULL) {
       MCCLCHECK(connRecv(t, r));
@@ -1337,9 +1368,9 @@ mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq) {
       memcpy(reason, c->abort_reason, have);
       return settleFailed(t, r, &c->rx_frame, reason, have, seq);
     }
-    /* A frame in progress, or a collective header waiting for its receive (a later
+    /* A frame in progress or held, or a collective header waiting for its receive (a later
      * collective's: the peer completed this one), comes before any notice. */
-    if (c->rx_mode != MCCL_RX_HEADER) continue;
+    if (c->rx_mode != MCCL_RX_HEADER || c->rx_held) continue;
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = POLLIN;
     t->pfds[np].revents = 0;

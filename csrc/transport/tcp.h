@@ -6,7 +6,14 @@
  * the same order on every rank.
  *
  * Flow control: a connection is read only while a receive is posted on it, so a rank that runs
- * ahead is held back by TCP's own window (bounded by the socket buffers) and nothing is parked.
+ * ahead is held back by TCP's own window (bounded by the socket buffers). Point-to-point messages
+ * that arrive before their receive are parked by the owner (core/p2p.c) within a byte budget per
+ * peer; past it the owner holds the next message's header (MCCL_ARRIVE_HOLD) and the connection
+ * is not read again until the owner takes it, which is TCP backpressure again.
+ *
+ * Consistent failure: an ABORT frame carries the number of collectives its sender completed, and
+ * mcclTransportSettle, called before the owner reports a collective as succeeded, fails it when a
+ * peer's notice that it did not complete it is already readable.
  *
  * Threading: a transport is owned by its communicator's engine thread; only mcclTransportWake
  * may be called from other threads. After mcclTransportStartSender the sending side runs on a
@@ -55,6 +62,9 @@ typedef struct mcclConn {
                                      point-to-point payload, holding a collective header that
                                      no posted receive has claimed yet, or reading the reason of
                                      an ABORT frame */
+  int rx_held;                    /* 1: the owner asked to hold the P2P frame being read
+                                     (MCCL_ARRIVE_HOLD); nothing more is read from this connection
+                                     until a later round's ask is answered otherwise */
   mcclFrame rx_frame;             /* the header of the frame being read */
   char* rx_dst;                   /* where its payload goes (NULL: discarded) */
   size_t rx_left;                 /* payload bytes of the frame still to read */
@@ -67,6 +77,16 @@ typedef struct mcclConn {
   char dead_reason[160];
 } mcclConn;
 
+/* What the owner's arrive hook answers (mcclP2pHooks.arrive). */
+enum {
+  MCCL_ARRIVE_OK = 0,      /* *dst and *room say where the next bytes go */
+  MCCL_ARRIVE_HOLD = 1,    /* not now (a budget is full, or memory is short): stop reading this
+                              connection; the transport asks again, with the same arguments, at
+                              the start of every later progress round */
+  MCCL_ARRIVE_BROKEN = -1, /* the frame breaks the protocol: mcclProtocolError */
+  MCCL_ARRIVE_NOMEM = -2   /* this rank cannot take the bytes and cannot wait: mcclSystemError */
+};
+
 /* Point-to-point frames are not the transport's to match: its owner (the engine) says where each
  * one goes. All callbacks run on the engine thread, inside mcclTransportProgress. */
 typedef struct {
@@ -74,10 +94,12 @@ typedef struct {
   /* A P2P frame from `peer` (its header passed mcclFrameHeaderCheck, so its payload lies inside
    * its message) has `done` of its payload bytes read (0: just the header): set *dst to where the
    * next bytes go (NULL: discard them) and *room to how many may go there (1 up to the frame's
-   * remaining bytes; 0 when none remain), and return 0. The transport asks again whenever the
-   * room is used up before the frame ends, so an owner can grow a buffer as bytes arrive instead
-   * of trusting the length a header claims. Nonzero: the frame breaks the protocol, `why` says
-   * how, and the transport fails with mcclProtocolError naming the peer. */
+   * remaining bytes; 0 when none remain), and return MCCL_ARRIVE_OK. The transport asks again
+   * whenever the room is used up before the frame ends, so an owner can grow a buffer as bytes
+   * arrive instead of trusting the length a header claims. MCCL_ARRIVE_HOLD: the owner changed
+   * nothing and wants to be asked again later. Negative: `why` says what went wrong, and the
+   * transport fails naming the peer (MCCL_ARRIVE_BROKEN: mcclProtocolError; MCCL_ARRIVE_NOMEM:
+   * mcclSystemError). */
   int (*arrive)(void* ctx, int peer, const mcclFrame* f, size_t done, char** dst, size_t* room,
                 char* why, size_t cap);
   /* That frame's payload has landed. */

@@ -570,7 +570,124 @@ static void testSettle(void) {
   loopbackClose(&lb);
 }
 
+/* ---- bounded parking (MCCL_P2P_PARK_BYTES is 64K in this binary) -------------------------- */
+
+static void writeMessage(mcclLoopback* lb, int tag, uint64_t seq, size_t bytes, int salt) {
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  loopbackP2pHeader(hdr, tag, seq, mcclUint8, bytes, 0, (uint32_t)bytes);
+  loopbackWrite(lb, hdr, sizeof(hdr));
+  uint8_t* p = malloc(bytes ? bytes : 1);
+  for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(salt * 7 + i * 13);
+  EXPECT(loopbackWrite(lb, p, bytes) == bytes, "socket full writing a %zu-byte message", bytes);
+  free(p);
+}
+
+static int messageIs(const uint8_t* p, size_t bytes, int salt) {
+  for (size_t i = 0; i < bytes; i++)
+    if (p[i] != (uint8_t)(salt * 7 + i * 13)) return 0;
+  return 1;
+}
+
+/* Drain until `req` is done or `ms` pass; its result, or mcclInProgress. */
+static mcclResult_t drainUntil(mcclLoopback* lb, struct mcclRequest* req, int ms) {
+  int64_t until = mcclNowNs() + (int64_t)ms * 1000000LL;
+  int done = 0;
+  mcclResult_t res;
+  do {
+    res = waitDone(lb, req, &done);
+  } while (res == mcclInProgress && mcclNowNs() < until);
+  return res;
+}
+
+static void testP2pBudget(void) {
+  mcclLoopback lb;
+  EXPECT(loopbackOpen(&lb, 1 << 20) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  mcclTransport* t = &lb.comm->tp;
+  int64_t last = 0;
+  struct mcclRequest* keep = loopbackRecv(&lb, &last, 1, mcclInt64, 1, 99, 10000); /* keeps rank 1 read */
+  /* 1. Two 30000-byte messages fit in 64 KiB; the third is held in the socket. */
+  const size_t m = 30000;
+  for (int k = 0; k < 3; k++) writeMessage(&lb, 1, (uint64_t)k, m, k);
+  mcclResult_t res = loopbackDrain(&lb, 100);
+  EXPECT(res == mcclSuccess && t->conns[1].rx_held, "third message not held: %s, held %d", mcclGetErrorString(res),
+         t->conns[1].rx_held);
+  /* A receive for a message behind them times out saying why. */
+  uint8_t* buf = malloc(200000);
+  struct mcclRequest* lonely = loopbackRecv(&lb, buf, 1, mcclUint8, 1, 5, 50);
+  res = drainUntil(&lb, lonely, 2000);
+  EXPECT(res == mcclTimeout && strstr(mcclRequestError(lonely), "MCCL_P2P_PARK_BYTES budget of 65536") != NULL &&
+             strstr(mcclRequestError(lonely), "stopped reading from rank 1") != NULL,
+         "recv behind a full budget: %s: %s", mcclGetErrorString(res), mcclRequestError(lonely));
+  mcclRequestFree(lonely);
+  /* Receives consume parked messages, reading resumes, and all arrive in order, exact. */
+  for (int k = 0; k < 3; k++) {
+    memset(buf, 0, m);
+    struct mcclRequest* req = loopbackRecv(&lb, buf, m, mcclUint8, 1, 1, 10000);
+    res = drainUntil(&lb, req, 2000);
+    EXPECT(res == mcclSuccess && messageIs(buf, m, k), "message %d: %s", k, mcclGetErrorString(res));
+    mcclRequestFree(req);
+  }
+  EXPECT(!t->conns[1].rx_held, "still held with nothing parked");
+
+  /* 2. A message larger than the budget is held, then read straight into its receive. */
+  writeMessage(&lb, 2, 3, 100000, 9);
+  res = loopbackDrain(&lb, 100);
+  EXPECT(res == mcclSuccess && t->conns[1].rx_held, "a message over the budget was not held");
+  struct mcclRequest* req = loopbackRecv(&lb, buf, 100000, mcclUint8, 1, 2, 10000);
+  res = drainUntil(&lb, req, 2000);
+  EXPECT(res == mcclSuccess && messageIs(buf, 100000, 9), "the large message: %s", mcclGetErrorString(res));
+  mcclRequestFree(req);
+
+  /* 3. Empty messages count too: 1000 of them do not all park. */
+  uint8_t* empties = malloc(1000 * MCCL_FRAME_BYTES); /* one write: a unix socket counts writes, not bytes */
+  for (int k = 0; k < 1000; k++) loopbackP2pHeader(empties + k * MCCL_FRAME_BYTES, 3, (uint64_t)(4 + k), mcclUint8, 0, 0, 0);
+  EXPECT(loopbackWrite(&lb, empties, 1000 * MCCL_FRAME_BYTES) == 1000 * MCCL_FRAME_BYTES, "socket full");
+  free(empties);
+  res = loopbackDrain(&lb, 2000);
+  EXPECT(res == mcclSuccess && t->conns[1].rx_held, "1000 empty messages all parked");
+  for (int k = 0; k < 1000; k++) {
+    req = loopbackRecv(&lb, buf, 0, mcclUint8, 1, 3, 10000);
+    res = drainUntil(&lb, req, 2000);
+    EXPECT(res == mcclSuccess, "empty message %d: %s", k, mcclGetErrorString(res));
+    mcclRequestFree(req);
+    if (res != mcclSuccess) break;
+  }
+
+  /* 4. A collective's frame behind held messages: they are parked past the budget, so the
+   * collective does not wait on them; then they are all received, exact. */
+  for (int k = 0; k < 3; k++) writeMessage(&lb, 4, (uint64_t)(1004 + k), 40000, 20 + k);
+  mcclXfer x;
+  memset(&x, 0, sizeof(x));
+  x.frame.coll = MCCL_COLL_BARRIER;
+  mcclFrame bf = x.frame;
+  bf.type = MCCL_FRAME_DATA;
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  mcclFrameEncode(hdr, &bf);
+  loopbackWrite(&lb, hdr, sizeof(hdr));
+  res = loopbackDrain(&lb, 100);
+  EXPECT(res == mcclSuccess && t->conns[1].rx_held, "held before the collective: %s", mcclGetErrorString(res));
+  mcclTransportPostRecv(t, 1, &x);
+  int64_t until = mcclNowNs() + 2000000000LL;
+  while (res == mcclSuccess && !x.complete && mcclNowNs() < until) res = loopbackDrain(&lb, 100);
+  EXPECT(res == mcclSuccess && x.complete, "a collective behind held messages: %s, complete %d", mcclGetErrorString(res),
+         x.complete);
+  for (int k = 0; k < 3; k++) {
+    req = loopbackRecv(&lb, buf, 40000, mcclUint8, 1, 4, 10000);
+    res = drainUntil(&lb, req, 2000);
+    EXPECT(res == mcclSuccess && messageIs(buf, 40000, 20 + k), "message %d behind a collective: %s", k,
+           mcclGetErrorString(res));
+    mcclRequestFree(req);
+  }
+  loopbackClose(&lb);
+  mcclRequestFree(keep);
+  free(buf);
+}
+
 int main(void) {
+  /* Before the parameters are read (once per process): a small budget for testP2pBudget. The
+   * other tests park less than this. */
+  setenv("MCCL_P2P_PARK_BYTES", "64K", 1);
   testHello();
   testFrames();
   testCollectiveRx();
@@ -578,5 +695,6 @@ int main(void) {
   testP2pRx();
   testP2pStalledMidMessage();
   testSettle();
+  testP2pBudget();
   return harnessExit("test_wire");
 }
