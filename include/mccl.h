@@ -168,11 +168,19 @@ typedef struct mcclCommConfig {
 MCCL_API void mcclCommConfigInit(mcclCommConfig_t* config);
 
 /* Create a communicator. Collective over all `nranks` ranks: each must call it with the same
- * name and store. Listens on an ephemeral port, publishes its address under a key made of the
- * group name and an init generation (so re-inits never meet stale endpoints), connects to every
- * peer with an authenticated handshake, and starts the progress engine.
- * Errors: mcclInvalidArgument (bad config), mcclTimeout (a peer never showed up within the
- * timeout), mcclSystemError. On failure *comm is NULL and mcclGetLastError() explains why. */
+ * name, store and nranks. Checks every rank's world size and rank through the store first,
+ * listens on an ephemeral port, publishes its address under a key made of the group name and an
+ * init generation (so re-inits never meet stale endpoints), connects to every peer with an
+ * authenticated handshake, and starts the progress engine.
+ * Errors: mcclInvalidArgument (bad config; or ranks started with different world sizes, or two
+ * processes with one rank: every rank that can see it fails at once, its message naming both
+ * world sizes and ranks), mcclTimeout (a peer never showed up within the timeout: the message
+ * names the ranks still missing), a store failure (the callback's result, e.g. mcclRemoteError
+ * for a closed connection, or mcclRemoteError for a callback that reported a timeout long before
+ * the deadline it was given; the message says "the bootstrap store failed while ..."),
+ * mcclSystemError. On failure *comm is NULL and mcclGetLastError() explains why. After a failed
+ * init of world sizes that differ, that group's keys on that store are spoilt: use a new store
+ * (or group name). */
 MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* comm, const mcclCommConfig_t* config);
 
 /* Finish every request already issued (each bounded by its own deadline), then close all

@@ -4,7 +4,13 @@
  *
  * Store keys (all under "mccl/<name>/"):
  *   inits          counter every rank adds 1 to at init; generation = (value - 1) / nranks, so
- *                  each init of the same group on the same store gets fresh keys
+ *                  each init of the same group on the same store gets fresh keys. The value a
+ *                  rank got is its slot: the slots of generation g are g * nranks + 1 .. + nranks
+ *   join/<slot>    "rank <r> of <nranks>", written by the rank that got the slot; every rank reads
+ *                  the records of its generation's other slots before anything else, which is
+ *                  how ranks started with different world sizes (or twice with one rank) find out
+ *                  (joinGroup). "!<reason>" where a rank that found such a conflict poisoned a
+ *                  slot nobody had taken yet, so that whoever waits on it fails with the reason
  *   g<gen>/token   16 random bytes from rank 0: the job token every handshake must carry
  *   g<gen>/host/<r> rank r's host description (core/host.h): machine, network namespace, CPUs;
  *                  written before its address, so a rank that read the address can read it
@@ -76,14 +82,71 @@ static int64_t remainingMs(int64_t deadline_ns) {
   return ms > 0 ? ms : 1;
 }
 
+/* A store callback failed while init was `doing` something ("waiting for rank 1's address (store
+ * key '...')"): write the thread's error and return the code init fails with. The store's own
+ * failures are named as such, never as a timeout of this init: a callback that returns an error
+ * other than mcclTimeout (mcclRemoteError: the connection closed or was reset), or mcclTimeout
+ * long before the deadline it was given (`started_ns`: when that call began), which is how a
+ * store whose server went away can answer a wait; that case returns mcclRemoteError. Only a
+ * timeout at the deadline is the init's own mcclTimeout. */
+static mcclResult_t storeFailed(mcclResult_t res, int64_t started_ns, int64_t deadline_ns, const char* doing) {
+  const int64_t now = mcclNowNs();
+  if (res == mcclTimeout && now + 50 * 1000000LL >= deadline_ns) {
+    mcclSetThreadError("mcclCommInitConfig: timed out %s", doing);
+    return mcclTimeout;
+  }
+  if (res == mcclTimeout) {
+    mcclSetThreadError("mcclCommInitConfig: the bootstrap store failed while %s: it reported a timeout "
+                       "after %.2f s of the %.1f s it was given (a store whose server went away or whose "
+                       "connection closed answers so)",
+                       doing, (double)(now - started_ns) / 1e9, (double)(deadline_ns - started_ns) / 1e9);
+    return mcclRemoteError;
+  }
+  if (res == mcclRemoteError)
+    mcclSetThreadError("mcclCommInitConfig: the bootstrap store failed while %s: its connection closed or was "
+                       "reset (is the store's server still running?)", doing);
+  else
+    mcclSetThreadError("mcclCommInitConfig: the bootstrap store failed while %s: %s", doing, mcclGetErrorString(res));
+  return res;
+}
+
+/* Wait until `deadline_ns` for `key`, then read its value (at most `cap` bytes; *len: its full
+ * length). `what` names it for the message: mcclTimeout at the deadline, a store failure
+ * otherwise (storeFailed). */
 static mcclResult_t storeGet(const mcclStore_t* store, const char* key, void* buf, size_t cap,
                              size_t* len, int64_t deadline_ns, const char* what) {
   mcclResult_t res = mcclSuccess;
+  int64_t started = mcclNowNs();
   if (store->wait != NULL) res = store->wait(store->ctx, key, remainingMs(deadline_ns));
-  if (res == mcclSuccess) res = store->get(store->ctx, key, buf, cap, len, remainingMs(deadline_ns));
-  if (res != mcclSuccess)
-    mcclSetThreadError("waiting for %s (store key '%s') failed: %s", what, key, mcclGetErrorString(res));
-  return res;
+  if (res == mcclSuccess) {
+    started = mcclNowNs();
+    res = store->get(store->ctx, key, buf, cap, len, remainingMs(deadline_ns));
+  }
+  if (res == mcclSuccess) return mcclSuccess;
+  char doing[256];
+  snprintf(doing, sizeof(doing), "waiting for %s (store key '%s')", what, key);
+  return storeFailed(res, started, deadline_ns, doing);
+}
+
+/* Store `len` bytes under `key` (`what` names them for a failure's message). */
+static mcclResult_t storeSet(const mcclStore_t* store, const char* key, const void* value, size_t len,
+                             const char* what) {
+  mcclResult_t res = store->set(store->ctx, key, value, len);
+  if (res == mcclSuccess) return mcclSuccess;
+  char doing[256];
+  snprintf(doing, sizeof(doing), "publishing %s (store key '%s')", what, key);
+  /* A set has no deadline of its own: any error, a timeout included, is the store's. */
+  return storeFailed(res == mcclTimeout ? mcclRemoteError : res, 0, 0, doing);
+}
+
+/* Atomically add `delta` to the counter under `key`; *value: the new value. */
+static mcclResult_t storeAdd(const mcclStore_t* store, const char* key, int64_t delta, int64_t* value,
+                             const char* what) {
+  mcclResult_t res = store->add(store->ctx, key, delta, value);
+  if (res == mcclSuccess) return mcclSuccess;
+  char doing[256];
+  snprintf(doing, sizeof(doing), "%s (store add to key '%s')", what, key);
+  return storeFailed(res == mcclTimeout ? mcclRemoteError : res, 0, 0, doing);
 }
 
 /* The communicator's memory outlives destroy while collective requests still reference it
@@ -176,6 +239,136 @@ static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r
   return res;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Joining: every rank's world size and rank, checked before anything else.
+ *
+ * A rank's generation comes from its own world size (slot - 1) / nranks, so ranks started with
+ * different world sizes would look for each other under different key prefixes, or under the same
+ * prefix for different sets of ranks, and wait out the timeout on "missing rank r". Instead each
+ * rank publishes "rank <r> of <nranks>" under its slot (join/<slot>) and then reads the record of
+ * every other slot of its generation, in slot order. Every rank of a generation reads the same
+ * slots, so each one that can see a record with another world size, or a second process with its
+ * rank number, sees it itself and fails with a message naming both. A rank may instead wait on a
+ * slot that nobody will take (its generation has room for more ranks than were started): the rank
+ * that found the conflict poisons the slots not yet handed out that such a rank can wait on (the
+ * next max(nranks) - 1 after the counter's value), and that rank then fails with the same reason.
+ * In a consistent job every slot of a generation is taken by one rank of it, and nothing is
+ * poisoned: the check costs one store write and nranks - 1 reads per rank.
+ *
+ * Limitation: a rank sees only the records in its generation's slots. Ranks whose slots are all
+ * taken by consistent ranks (e.g. two ranks started with world size 2 next to one with 3 that
+ * joined first) form a complete world and succeed; the others fail.
+ * ------------------------------------------------------------------------------------------- */
+
+#define JOIN_POISON '!'
+
+/* Poison the slots after the counter's current value (see above) with `reason`; best effort. */
+static void joinPoison(const mcclStore_t* store, const char* name, int span, const char* reason,
+                       int64_t deadline) {
+  char key[256], text[900];
+  int64_t handed = 0;
+  snprintf(key, sizeof(key), "mccl/%s/inits", name);
+  if (store->add(store->ctx, key, 0, &handed) != mcclSuccess) return;
+  snprintf(text, sizeof(text), "%c%s", JOIN_POISON, reason);
+  for (int64_t t = handed + 1; t < handed + span && mcclNowNs() < deadline; t++) {
+    snprintf(key, sizeof(key), "mccl/%s/join/%lld", name, (long long)t);
+    if (store->set(store->ctx, key, text, strlen(text)) != mcclSuccess) return;
+  }
+}
+
+/* The ranks of 0..n-1 whose `seen` entry is 0 (or 1: want = 1), as "0, 3, 5" (cut short with
+ * "..." when it does not fit); returns how many there are. */
+static int rankList(const uint8_t* seen, int n, int want, char* out, size_t cap) {
+  size_t len = 0;
+  int count = 0;
+  out[0] = '\0';
+  for (int r = 0; r < n; r++) {
+    if ((seen[r] != 0) != (want != 0)) continue;
+    if (count++ > 0 && len < cap) len += (size_t)snprintf(out + len, cap - len, ", ");
+    if (len < cap) len += (size_t)snprintf(out + len, cap - len, "%d", r);
+  }
+  if (len >= cap && cap > 4) memcpy(out + cap - 4, "...", 4);
+  return count;
+}
+
+/* Publish this rank's join record under `slot` and check every other slot of its generation
+ * (see above). mcclInvalidArgument for ranks that disagree, mcclTimeout naming the ranks still
+ * missing at the deadline, or the store's failure; the thread's error says which. */
+static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* store, int64_t slot,
+                              int64_t deadline) {
+  const int n = comm->nranks;
+  const int64_t first = (int64_t)comm->generation * n + 1;
+  char key[256], text[900], what[96], reason[700];
+  snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)slot);
+  snprintf(text, sizeof(text), "rank %d of %d", comm->rank, n);
+  mcclResult_t res = storeSet(store, key, text, strlen(text), "this rank's join record");
+  if (res != mcclSuccess || n == 1) return res;
+  uint8_t* seen = calloc((size_t)n, 1);
+  int64_t* seen_at = calloc((size_t)n, sizeof(int64_t));
+  if (seen == NULL || seen_at == NULL) {
+    free(seen);
+    free(seen_at);
+    mcclSetThreadError("mcclCommInitConfig: out of memory");
+    return mcclSystemError;
+  }
+  seen[comm->rank] = 1;
+  seen_at[comm->rank] = slot;
+  int span = 0; /* set when this rank found a conflict: how many slots to poison */
+  for (int64_t s = first; s < first + n && res == mcclSuccess; s++) {
+    if (s == slot) continue;
+    size_t len = 0;
+    snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)s);
+    snprintf(what, sizeof(what), "the join record of store slot %lld", (long long)s);
+    res = storeGet(store, key, text, sizeof(text) - 1, &len, deadline, what);
+    if (res == mcclTimeout) {
+      /* Every slot before `s` was read; the slots after it are taken (if at all) later. */
+      char missing[200], present[200];
+      int nmissing = rankList(seen, n, 0, missing, sizeof(missing));
+      int npresent = rankList(seen, n, 1, present, sizeof(present));
+      mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of group '%s' to "
+                         "join: %d of %d joined (rank%s %s); still missing rank%s %s",
+                         (double)comm->timeout_ms / 1000.0, comm->name, npresent, n, npresent == 1 ? "" : "s",
+                         present, nmissing == 1 ? "" : "s", missing);
+    }
+    if (res != mcclSuccess) break;
+    text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
+    int r = -1, rn = -1, used = 0;
+    if (text[0] == JOIN_POISON) {
+      mcclSetThreadError("mcclCommInitConfig: %s; this is rank %d, started with world size %d", text + 1,
+                         comm->rank, n);
+      res = mcclInvalidArgument;
+    } else if (sscanf(text, "rank %d of %d%n", &r, &rn, &used) != 2 || text[used] != '\0' || rn < 1 ||
+               r < 0 || r >= rn) {
+      mcclSetThreadError("mcclCommInitConfig: store key '%s' holds '%.60s', not a join record (\"rank <r> of "
+                         "<n>\"): another program uses this group's keys", key, text);
+      res = mcclProtocolError;
+    } else if (rn != n) {
+      snprintf(reason, sizeof(reason), "the ranks of group '%s' were started with different world sizes: "
+               "rank %d with %d, rank %d with %d (every rank must be given the same world size, e.g. the "
+               "same WORLD_SIZE; found by rank %d)", comm->name, r < comm->rank ? r : comm->rank,
+               r < comm->rank ? rn : n, r < comm->rank ? comm->rank : r, r < comm->rank ? n : rn, comm->rank);
+      span = rn > n ? rn : n;
+      res = mcclInvalidArgument;
+    } else if (seen[r]) {
+      snprintf(reason, sizeof(reason), "two processes of group '%s' were started as rank %d of %d (store "
+               "slots %lld and %lld of 'mccl/%s/inits'): every rank number must go to one process (found by "
+               "rank %d)", comm->name, r, n, (long long)seen_at[r], (long long)s, comm->name, comm->rank);
+      span = n;
+      res = mcclInvalidArgument;
+    } else {
+      seen[r] = 1;
+      seen_at[r] = s;
+    }
+  }
+  if (span > 0) {
+    mcclSetThreadError("mcclCommInitConfig: %s", reason);
+    joinPoison(store, comm->name, span, reason, deadline);
+  }
+  free(seen);
+  free(seen_at);
+  return res;
+}
+
 /* A NULL argument of a communicator call: the thread's last error names it. */
 static mcclResult_t nullArgument(const char* fn, const char* arg) {
   mcclSetThreadError("%s: %s is NULL", fn, arg);
@@ -243,13 +436,10 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   /* Generation: a fresh key space for every init of this group on this store. */
   int64_t counter = 0;
   snprintf(key, sizeof(key), "mccl/%s/inits", comm->name);
-  res = store->add(store->ctx, key, 1, &counter);
-  if (res != mcclSuccess) {
-    mcclSetThreadError("mcclCommInitConfig: store add('%s') failed: %s", key, mcclGetErrorString(res));
-    goto fail;
-  }
+  MCCLCHECKGOTO(storeAdd(store, key, 1, &counter, "counting this rank in"), res, fail);
   comm->generation = (uint64_t)((counter - 1) / comm->nranks);
   snprintf(prefix, sizeof(prefix), "mccl/%s/g%llu", comm->name, (unsigned long long)comm->generation);
+  MCCLCHECKGOTO(joinGroup(comm, store, counter, deadline), res, fail);
 
   if (comm->nranks > 1) {
     mcclTransportAuth auth;
@@ -263,7 +453,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
         res = mcclSystemError;
         goto fail;
       }
-      MCCLCHECKGOTO(store->set(store->ctx, key, auth.token, sizeof(auth.token)), res, fail);
+      MCCLCHECKGOTO(storeSet(store, key, auth.token, sizeof(auth.token), "the job token"), res, fail);
     } else {
       size_t len = 0;
       MCCLCHECKGOTO(storeGet(store, key, auth.token, sizeof(auth.token), &len, deadline, "rank 0's job token"), res, fail);
@@ -285,9 +475,10 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     char host[MCCL_HOST_STRLEN], other[MCCL_HOST_STRLEN];
     mcclHostDescribe(host, sizeof(host));
     snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
-    MCCLCHECKGOTO(store->set(store->ctx, key, host, strlen(host)), res, fail);
+    MCCLCHECKGOTO(storeSet(store, key, host, strlen(host), "this rank's host description"), res, fail);
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
-    MCCLCHECKGOTO(store->set(store->ctx, key, addrs[comm->rank], strlen(addrs[comm->rank])), res, fail);
+    MCCLCHECKGOTO(storeSet(store, key, addrs[comm->rank], strlen(addrs[comm->rank]), "this rank's address"), res,
+                  fail);
     addr_published = 1;
     for (int r = 0; r < comm->nranks; r++) {
       if (r == comm->rank) continue;
