@@ -147,6 +147,20 @@ MCCL_API void mcclTcpStoreClose(mcclStore_t* store);
 
 /* ---------------------------------------------------------------------------------------------
  * Communicators
+ *
+ * fork(): a communicator belongs to the process that created it. A child of fork() inherits its
+ * memory but none of its threads, so in the child every call on an inherited communicator (or
+ * issuing anything on it) fails at once with mcclInvalidUsage, and mcclGetLastError says that it
+ * was created in process <pid> and cannot be used after fork(); no call blocks, whatever the
+ * timeout. The child's copies of the communicator's sockets are closed during the fork itself
+ * (a pthread_atfork handler; close() only drops the child's reference), so the parent's
+ * connections and collectives carry on untouched, and nothing the child does with the inherited
+ * communicator sends a byte or shuts a connection down. mcclCommDestroy and mcclCommAbort of an
+ * inherited communicator free the child's copy and return mcclSuccess, without joining the
+ * parent's threads or sending ABORT frames. Requests issued before the fork belong to the parent
+ * too: the child must not wait on, test or free them. A new communicator created in the child
+ * (over a store connection of its own) works as any other. Children that never touch MCCL, such
+ * as DataLoader workers, are not affected at all.
  * ------------------------------------------------------------------------------------------- */
 typedef struct mcclComm* mcclComm_t;
 

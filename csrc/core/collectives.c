@@ -30,6 +30,7 @@ mcclResult_t mcclArgError(struct mcclComm* comm, mcclResult_t res, const char* f
 static mcclResult_t checkCommon(struct mcclComm* comm, const char* fn, mcclDataType_t dtype,
                                 size_t count, const void* a, const void* b) {
   if (comm == NULL) return mcclArgError(NULL, mcclInvalidArgument, "%s: communicator is NULL", fn);
+  if (mcclCommInherited(comm)) return mcclCommForkError(comm, fn); /* before any lock: comm.c, "Fork" */
   if ((int)dtype < 0 || dtype >= mcclNumTypes)
     return mcclArgError(comm, mcclInvalidArgument, "%s: datatype %d is not an mcclDataType_t value", fn, (int)dtype);
   if (count > 0 && (a == NULL || b == NULL))

@@ -149,13 +149,106 @@ static mcclResult_t storeAdd(const mcclStore_t* store, const char* key, int64_t 
   return storeFailed(res == mcclTimeout ? mcclRemoteError : res, 0, 0, doing);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Fork.
+ *
+ * A child of fork() inherits every communicator's memory, locks and socket descriptors, but none
+ * of its threads: the engine that would run a collective does not exist there, and a lock that a
+ * thread of the parent held at the fork stays held forever. So in the child:
+ *  - every call on an inherited communicator fails at once with mcclInvalidUsage, saying so
+ *    (mcclCommInherited is checked first, before any lock is taken);
+ *  - the child's copies of its sockets and wake pipe are closed right in the fork, by the child
+ *    handler of pthread_atfork: close() drops only the child's reference, so the parent's
+ *    connections carry on untouched, and a parent that dies is seen by its peers at once (a
+ *    child holding copies would keep its connections open). Nothing is sent and no socket is
+ *    shut down: shutdown() would end the parent's connection too;
+ *  - mcclCommDestroy or mcclCommAbort of an inherited communicator frees the child's memory and
+ *    joins nothing.
+ * The registry below lists the live communicators for the child handler; the prepare handler
+ * holds its lock across fork() so that the child sees a consistent list. Nothing else is locked
+ * around fork(): a communicator's own locks are never touched in the child.
+ * ------------------------------------------------------------------------------------------- */
+
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mcclComm* live_head;      /* under live_lock */
+static atomic_uint fork_count;          /* forks this process descends from (child handler) */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static int atfork_error;                /* pthread_atfork's result, set once under atfork_once */
+
+/* The child's copies of the communicator's descriptors (its sender thread's pipe excepted: that
+ * structure is the transport's own). Only close(), which is async-signal-safe. */
+static void forgetDescriptors(struct mcclComm* comm) {
+  mcclTransport* t = &comm->tp;
+  if (t->conns != NULL)
+    for (int r = 0; r < t->nranks; r++)
+      if (t->conns[r].fd >= 0) {
+        close(t->conns[r].fd);
+        t->conns[r].fd = -1;
+      }
+  for (int k = 0; k < 2; k++)
+    if (t->wake[k] >= 0) {
+      close(t->wake[k]);
+      t->wake[k] = -1;
+    }
+}
+
+static void forkPrepare(void) { pthread_mutex_lock(&live_lock); }
+
+static void forkParent(void) { pthread_mutex_unlock(&live_lock); }
+
+static void forkChild(void) {
+  atomic_fetch_add(&fork_count, 1);
+  for (struct mcclComm* c = live_head; c != NULL; c = c->live_next) forgetDescriptors(c);
+  /* Held by the thread that forked, whose copy is this one: a fresh lock instead of an unlock by
+   * what the lock may take for another thread. */
+  pthread_mutex_init(&live_lock, NULL);
+}
+
+static void registerAtfork(void) { atfork_error = pthread_atfork(forkPrepare, forkParent, forkChild); }
+
+static void liveAdd(struct mcclComm* comm) {
+  pthread_mutex_lock(&live_lock);
+  comm->live_prev = NULL;
+  comm->live_next = live_head;
+  if (live_head != NULL) live_head->live_prev = comm;
+  live_head = comm;
+  pthread_mutex_unlock(&live_lock);
+}
+
+/* A no-op for a communicator that was never listed (a failed init). */
+static void liveRemove(struct mcclComm* comm) {
+  pthread_mutex_lock(&live_lock);
+  if (comm->live_prev != NULL) comm->live_prev->live_next = comm->live_next;
+  else if (live_head == comm) live_head = comm->live_next;
+  if (comm->live_next != NULL) comm->live_next->live_prev = comm->live_prev;
+  comm->live_prev = comm->live_next = NULL;
+  pthread_mutex_unlock(&live_lock);
+}
+
+int mcclCommInherited(const struct mcclComm* comm) {
+  return comm->forks != atomic_load_explicit(&fork_count, memory_order_relaxed);
+}
+
+mcclResult_t mcclCommForkError(const struct mcclComm* comm, const char* fn) {
+  mcclSetThreadError("%s: communicator '%s' (rank %d of %d) was created in process %ld and cannot be used "
+                     "after fork() in this process (%ld), which has none of its threads or connections; "
+                     "create a new communicator here", fn, comm->name, comm->rank, comm->nranks,
+                     comm->owner_pid, (long)getpid());
+  return mcclInvalidUsage;
+}
+
 /* The communicator's memory outlives destroy while collective requests still reference it
- * (mcclRequestSeq/Hold/Seal take its queue lock); the last reference frees it. */
+ * (mcclRequestSeq/Hold/Seal take its queue lock); the last reference frees it. In a child of
+ * fork() the locks are left as they are: a lock held, or a condition waited on, by a thread
+ * that does not exist here cannot be destroyed (glibc's pthread_cond_destroy would wait for that
+ * waiter forever). */
 void mcclCommRelease(struct mcclComm* comm) {
   if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
-  pthread_mutex_destroy(&comm->qlock);
-  pthread_cond_destroy(&comm->qcond);
-  pthread_mutex_destroy(&comm->errlock);
+  if (!mcclCommInherited(comm)) {
+    pthread_mutex_destroy(&comm->qlock);
+    pthread_cond_destroy(&comm->qcond);
+    pthread_mutex_destroy(&comm->errlock);
+  }
   free(comm);
 }
 
@@ -403,6 +496,12 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
                        sizeof(((struct mcclComm*)0)->name) - 1);
     return mcclInvalidArgument;
   }
+  pthread_once(&atfork_once, registerAtfork);
+  if (atfork_error != 0) { /* ENOMEM: a communicator a child could misuse is not made */
+    mcclSetThreadError("mcclCommInitConfig: cannot register the fork handlers (pthread_atfork): %s",
+                       strerror(atfork_error));
+    return mcclSystemError;
+  }
   struct mcclComm* comm = calloc(1, sizeof(*comm));
   if (comm == NULL) {
     mcclSetThreadError("mcclCommInitConfig: out of memory");
@@ -419,6 +518,8 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   pthread_mutex_init(&comm->errlock, NULL);
   atomic_init(&comm->aborted, 0);
   atomic_init(&comm->refs, 1);
+  comm->forks = atomic_load(&fork_count);
+  comm->owner_pid = (long)getpid();
 
   const mcclStore_t* store = &cfg->store;
   const int64_t deadline = mcclDeadlineNs(comm->timeout_ms);
@@ -577,6 +678,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->engine_started = 1;
   mcclThreadSetNameOf(comm->engine, "mccl-engine");
   free(addrs);
+  liveAdd(comm);
   *out = comm;
   return mcclSuccess;
 
@@ -592,6 +694,20 @@ fail:
   return res;
 }
 
+/* Destroy or abort in a child of fork(): free this process's copy. The descriptors were closed
+ * in the fork; the engine and sender threads do not exist here, so nothing is joined, sent or
+ * shut down. The sender thread's own memory and pipe (the transport's, opaque here) are left. */
+static mcclResult_t releaseInherited(struct mcclComm* comm, const char* fn) {
+  INFO(MCCL_SUB_INIT, "%s: releasing communicator '%s' (rank %d of %d) inherited from process %ld", fn,
+       comm->name, comm->rank, comm->nranks, comm->owner_pid);
+  liveRemove(comm);
+  forgetDescriptors(comm); /* a no-op when the fork handler found it listed */
+  comm->tp.sender = NULL;
+  comm->engine_started = 0;
+  commFree(comm);
+  return mcclSuccess;
+}
+
 static void stopEngine(struct mcclComm* comm) {
   pthread_mutex_lock(&comm->qlock);
   comm->stopping = 1;
@@ -603,6 +719,8 @@ static void stopEngine(struct mcclComm* comm) {
 
 MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
   if (comm == NULL) return nullArgument("mcclCommDestroy", "comm");
+  if (mcclCommInherited(comm)) return releaseInherited(comm, "mcclCommDestroy");
+  liveRemove(comm);
   stopEngine(comm);
   char peers[256];
   mcclResult_t failed = mcclSuccess;
@@ -617,6 +735,8 @@ MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
 
 MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
   if (comm == NULL) return nullArgument("mcclCommAbort", "comm");
+  if (mcclCommInherited(comm)) return releaseInherited(comm, "mcclCommAbort"); /* no ABORT frames */
+  liveRemove(comm);
   atomic_store(&comm->aborted, 1);
   mcclCommSetError(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
   mcclTransportWake(&comm->tp);
@@ -629,12 +749,14 @@ MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
 
 MCCL_API mcclResult_t mcclCommRank(mcclComm_t comm, int* rank) {
   if (comm == NULL || rank == NULL) return nullArgument("mcclCommRank", comm == NULL ? "comm" : "rank");
+  if (mcclCommInherited(comm)) return mcclCommForkError(comm, "mcclCommRank");
   *rank = comm->rank;
   return mcclSuccess;
 }
 
 MCCL_API mcclResult_t mcclCommCount(mcclComm_t comm, int* nranks) {
   if (comm == NULL || nranks == NULL) return nullArgument("mcclCommCount", comm == NULL ? "comm" : "nranks");
+  if (mcclCommInherited(comm)) return mcclCommForkError(comm, "mcclCommCount");
   *nranks = comm->nranks;
   return mcclSuccess;
 }
@@ -642,6 +764,10 @@ MCCL_API mcclResult_t mcclCommCount(mcclComm_t comm, int* nranks) {
 MCCL_API mcclResult_t mcclCommGetAsyncError(mcclComm_t comm, mcclResult_t* error) {
   if (comm == NULL || error == NULL)
     return nullArgument("mcclCommGetAsyncError", comm == NULL ? "comm" : "error");
+  if (mcclCommInherited(comm)) {
+    *error = mcclInvalidUsage;
+    return mcclCommForkError(comm, "mcclCommGetAsyncError");
+  }
   pthread_mutex_lock(&comm->errlock);
   *error = comm->async_error;
   pthread_mutex_unlock(&comm->errlock);
@@ -650,5 +776,9 @@ MCCL_API mcclResult_t mcclCommGetAsyncError(mcclComm_t comm, mcclResult_t* error
 
 MCCL_API const char* mcclGetLastError(mcclComm_t comm) {
   if (comm == NULL) return mcclThreadError();
+  if (mcclCommInherited(comm)) {
+    mcclCommForkError(comm, "mcclGetLastError");
+    return mcclThreadError();
+  }
   return comm->error_msg;
 }

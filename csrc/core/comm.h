@@ -8,6 +8,9 @@
  *    in queue (= sequence) order, one at a time.
  *  - `aborted` is written by mcclCommAbort from any thread and read by the engine.
  *  - `async_error` / `error_msg` are written once (first error wins) under `errlock`.
+ *  - After fork(), in the child, no thread of the communicator exists and its locks may be held
+ *    forever: every call checks mcclCommInherited first and then touches nothing but the thread's
+ *    error message (comm.c, "Fork").
  */
 #ifndef MCCL_COMM_H_
 #define MCCL_COMM_H_
@@ -102,7 +105,22 @@ struct mcclComm {
   pthread_mutex_t errlock;
   mcclResult_t async_error;
   char error_msg[1024];           /* the first fatal error, or the last argument error */
+
+  /* Fork (comm.c): written at init, before the communicator is returned; read-only after. */
+  unsigned forks;                 /* the process's fork count at creation (see mcclCommInherited) */
+  long owner_pid;                 /* the creating process, named in the error of a child's call */
+  struct mcclComm *live_prev, *live_next; /* the list of live communicators, under its lock */
 };
+
+/* 1 when `comm` was created by another process: this one is a child of fork() that inherited it
+ * (an atomic load, no lock). Every public call on the communicator or its requests must then
+ * return mcclCommForkError at once, touching none of its locks, threads or sockets. */
+int mcclCommInherited(const struct mcclComm* comm);
+
+/* The error of call `fn` on an inherited communicator: writes the thread's last error (it was
+ * created in process P and cannot be used after fork() in this one) and returns
+ * mcclInvalidUsage. Takes no lock. */
+mcclResult_t mcclCommForkError(const struct mcclComm* comm, const char* fn);
 
 /* Record the communicator's first fatal error (later ones are logged only). */
 void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg);

@@ -25,6 +25,7 @@
 
 int harness_failures = 0;
 int harness_checks = 0;
+int harness_store_port = 0;
 static int report_fd = -1;
 
 int harnessExit(const char* name) {
@@ -109,6 +110,7 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg) {
       harness_checks = 0;
       for (int q = 0; q <= r; q++) close(pipes[q][0]);
       report_fd = pipes[r][1];
+      harness_store_port = port;
       mcclStore_t store;
       if (mcclTcpStoreConnect("127.0.0.1", port, 10000, &store) != mcclSuccess) {
         fprintf(stderr, "rank %d: cannot reach the store: %s\n", r, mcclGetLastError(NULL));

@@ -62,6 +62,10 @@ void harnessSleepUs(uint64_t us);
 typedef int (*harnessRankFn)(int rank, int nranks, mcclStore_t* store, void* arg);
 int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg);
 
+/* Inside a child: the TCP port of the parent's store, for a process that needs a connection of
+ * its own (a child of the rank, which must not share the rank's). */
+extern int harness_store_port;
+
 /* Inside a child: report a digest for cross-rank comparison. */
 void harnessReport(uint64_t digest);
 
