@@ -482,7 +482,7 @@ void WorkMCCL::complete(mcclResult_t result) {
     }
     const char* detail = mcclRequestError(request_);
     try {
-      throwMccl(result, name_, detail[0] ? detail : "see the log");
+      throwMccl(result, name_ + group_, detail[0] ? detail : "see the log");
     } catch (...) {
       eptr = std::current_exception();
     }
@@ -628,7 +628,20 @@ c10::intrusive_ptr<WorkMCCL> ProcessGroupMCCL::makeWork(c10d::OpType type, const
                                                        CallKind call) {
   contexts_.timeout_ms = timeout_.count();
   call.follow_up = !call.p2p && tl_mark != nullptr && tl_mark->markerFor(comm_) != nullptr;  // see launch()
-  return c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
+  auto work = c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
+  work->group_ = groupLabel();
+  return work;
+}
+
+// " on group NAME ('DESC')" for error messages: which of a program's groups failed (torch sets
+// both once the group exists; a group made outside init_process_group/new_group has neither).
+std::string ProcessGroupMCCL::groupLabel() const {
+  const std::string& uid = getGroupUid();
+  const std::string& desc = getGroupDesc();
+  if (uid.empty() && (desc.empty() || desc == "undefined")) return "";
+  std::string label = " on group " + (uid.empty() ? std::string("?") : uid);
+  if (!desc.empty() && desc != "undefined") label += " ('" + desc + "')";
+  return label;
 }
 
 template <typename Issue>
@@ -654,7 +667,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   if (res != mcclSuccess) {
     work->staging_->refused();
     work->self_.reset();
-    throwMccl(res, work->name_, mcclGetLastError(comm_));
+    throwMccl(res, work->name_ + work->group_, mcclGetLastError(comm_));
   }
   work->staging_->issued();  // the consumer side: copy-backs queued behind the consumer ticket
   // torch's per-group sequence number: issue order on this process (the engine's run order, which
@@ -663,9 +676,104 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   return work;
 }
 
+namespace {
+// A Work that finished before it was returned (the sparse all-reduce runs at issue).
+class DoneWork : public c10d::Work {
+ public:
+  DoneWork(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs)
+      : c10d::Work(-1, type, name),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+    finish();
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+}  // namespace
+
+// Sparse COO tensors (DDP's sparse gradients, e.g. nn.Embedding(sparse=True)), summed as gloo
+// does: every rank's coalesced indices and values are gathered, in rank order, and the
+// concatenation is coalesced again, so every rank computes the same sum from the same operands in
+// the same order (bitwise equal results). Three collectives (the sizes, the indices, the values)
+// run back to back at issue, under one order marker so that no other collective comes between
+// them on any rank; the Work is returned finished.
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduceSparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "mccl allreduce: sparse tensors can only be summed "
+              "(ReduceOp.SUM), not reduced with op ", static_cast<int>(opts.reduceOp.op_));
+  at::NoGradGuard no_grad;
+  at::Tensor input = tensor.coalesce();
+  at::Tensor indices = input._indices().t().contiguous().cpu();  // (nnz, sparse_dim) int64
+  at::Tensor values = input._values().contiguous().cpu();        // (nnz, dense dims...)
+  mcclDataType_t dt = toMcclType(values, "allreduce (sparse values)");
+  const int n = getSize();
+  const int64_t nnz = indices.size(0), sparse_dim = input.sparse_dim();
+  std::vector<int64_t> value_shape = values.sizes().vec();
+  int64_t dense_numel = 1;
+  for (size_t d = 1; d < value_shape.size(); d++) dense_numel *= value_shape[d];
+  CommRef c = comm();
+  mcclOpOptions_t mo;
+  std::memset(&mo, 0, sizeof(mo));
+  if (tl_mark != nullptr) mo.follows = tl_mark->markerFor(c);
+  mcclRequest_t marker = nullptr;
+  mcclResult_t res = mcclOrderMarker(c, &mo, &marker);
+  if (res != mcclSuccess) throwMccl(res, "allreduce (sparse)", mcclGetLastError(c));
+  std::shared_ptr<void> sealed(nullptr, [marker](void*) {
+    mcclRequestSeal(marker);
+    mcclRequestFree(marker);
+  });
+  mcclOpOptions_t o;
+  std::memset(&o, 0, sizeof(o));
+  o.follows = marker;
+  o.timeout_ms = timeoutMs(opts.timeout, timeout_);
+  auto finishCall = [&](mcclResult_t issued, mcclRequest_t req, const char* what) {
+    if (issued != mcclSuccess) throwMccl(issued, std::string("allreduce (sparse ") + what + ")", mcclGetLastError(c));
+    mcclResult_t done = mcclWait(req, -1);
+    std::string err = mcclRequestError(req);
+    mcclRequestFree(req);
+    if (done != mcclSuccess) throwMccl(done, std::string("allreduce (sparse ") + what + ")", err.c_str());
+  };
+  // Every rank's number of non-zeros, then its indices and values to every rank.
+  std::vector<int64_t> counts(n, 0);
+  int64_t mine = nnz;
+  mcclRequest_t req = nullptr;
+  mcclResult_t issued = mcclAllGather(&mine, counts.data(), 1, mcclInt64, c, &o, &req);
+  finishCall(issued, req, "sizes");  // (not in one expression: argument order is unspecified)
+  int64_t total = 0;
+  for (int64_t k : counts) total += k;
+  auto gather = [&](const at::Tensor& mine_t, int64_t unit, at::Tensor& all, mcclDataType_t type, const char* what) {
+    std::vector<size_t> scount(n, static_cast<size_t>(nnz * unit)), sdisp(n, 0), rcount(n), rdisp(n);
+    size_t off = 0;
+    for (int p = 0; p < n; p++) {
+      rcount[p] = static_cast<size_t>(counts[p] * unit);
+      rdisp[p] = off;
+      off += rcount[p];
+    }
+    mcclRequest_t r = nullptr;
+    mcclResult_t res_v = mcclAllToAllv(mine_t.data_ptr(), scount.data(), sdisp.data(), all.data_ptr(), rcount.data(),
+                                       rdisp.data(), type, c, &o, &r);
+    finishCall(res_v, r, what);
+  };
+  at::Tensor all_indices = at::empty({total, sparse_dim}, indices.options());
+  gather(indices, sparse_dim, all_indices, mcclInt64, "indices");
+  value_shape[0] = total;
+  at::Tensor all_values = at::empty(value_shape, values.options());
+  gather(values, dense_numel, all_values, dt, "values");
+  at::Tensor sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes(), values.options().layout(at::kSparse))
+                       .coalesce();
+  tensor.copy_(sum.to(tensor.device()));
+  return c10::make_intrusive<DoneWork>(c10d::OpType::ALLREDUCE, "allreduce", std::vector<at::Tensor>{tensor});
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = checkSingle(tensors, "allreduce");
+  if (t.layout() == at::kSparse) return allreduceSparse(tensors[0], opts);
   checkTensor(t, "allreduce");
   mcclDataType_t dt = toMcclType(t, "allreduce");
   double factor = 0;
@@ -726,15 +834,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   std::vector<at::Tensor>& outs = outputs[0];
   TORCH_CHECK(static_cast<int>(outs.size()) == getSize(), "mccl all_gather: output list has ",
               outs.size(), " tensors, expected world size ", getSize());
+  bool even = true;
   for (const auto& o : outs) {
     checkTensor(o, "all_gather");
     checkSameDevice(o, input, "all_gather");
-    TORCH_CHECK(o.scalar_type() == input.scalar_type() && o.numel() == input.numel(),
-                "mccl all_gather: every output must match the input's dtype ", input.scalar_type(),
-                " and size ", input.numel(), "; got ", o.scalar_type(), " with ", o.numel(), " elements");
+    TORCH_CHECK(o.scalar_type() == input.scalar_type(), "mccl all_gather: every output must have the input's dtype ",
+                input.scalar_type(), "; got ", o.scalar_type());
+    even = even && o.numel() == input.numel();
   }
+  TORCH_CHECK(outs[getRank()].numel() == input.numel(), "mccl all_gather: output ", getRank(), " (this rank's) has ",
+              outs[getRank()].numel(), " elements but the input has ", input.numel());
   checkOutputs(outs, "all_gather");
   mcclDataType_t dt = toMcclType(input, "all_gather");
+  if (!even) return allgatherUneven(outs, input, dt, opts);
   // Gather into one flat engine buffer, then copy each block into its output.
   auto work = makeWork(c10d::OpType::ALLGATHER, "all_gather", outs, input.device());
   int64_t numel = input.numel();
@@ -747,6 +859,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   size_t n = static_cast<size_t>(numel);
   return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
     return mcclAllGather(in, out, n, dt, c, o, r);
+  }, 0);
+}
+
+// Outputs of different sizes per rank: output p receives rank p's input, whatever its size. Each
+// rank sends its input to every rank (an all-to-allv whose send blocks are all the input), so
+// every rank checks that each peer's size is the one its output expects (mcclMismatch otherwise).
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgatherUneven(std::vector<at::Tensor>& outs,
+                                                                 const at::Tensor& input, mcclDataType_t dt,
+                                                                 const c10d::AllgatherOptions& opts) {
+  const int n = getSize();
+  std::vector<size_t> scount(n, static_cast<size_t>(input.numel())), sdisp(n, 0), rcount(n), rdisp(n);
+  size_t off = 0;
+  for (int p = 0; p < n; p++) {
+    rcount[p] = static_cast<size_t>(outs[p].numel());
+    rdisp[p] = off;
+    off += rcount[p];
+  }
+  auto work = makeWork(c10d::OpType::ALLGATHER, "all_gather", outs, input.device());
+  at::Tensor flat = work->staging().buffer(static_cast<int64_t>(off), input.scalar_type(), [&] { return flatCat(outs); });
+  splitInto(work->staging(), flat, outs);
+  CommRef c = comm();  // holds the group open until the call is issued
+  const void* in = work->buffer(input, false, "all_gather");
+  void* out = flat.data_ptr();
+  return launch(work, opts.timeout, [&](const mcclOpOptions_t* o, mcclRequest_t* r) {
+    return mcclAllToAllv(in, scount.data(), sdisp.data(), out, rcount.data(), rdisp.data(), dt, c, o, r);
   }, 0);
 }
 

@@ -73,6 +73,7 @@ class WorkMCCL : public c10d::Work {
   std::string error_;
   uint64_t seq_ = 0;
   std::string name_;
+  std::string group_;                     // " on group NAME ('DESC')", for its error messages
 };
 
 // The order mark of a Python callback (see "where a callback's collectives run" in the .cpp):
@@ -177,6 +178,10 @@ class ProcessGroupMCCL : public c10d::Backend {
   };
   CommRef comm() const;  // RuntimeError once the group was shut down or aborted
   mcclComm_t takeComm();
+  std::string groupLabel() const;
+  c10::intrusive_ptr<c10d::Work> allgatherUneven(std::vector<at::Tensor>& outs, const at::Tensor& input,
+                                                 mcclDataType_t dt, const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   void checkRoot(int64_t root, const char* op) const;  // RuntimeError unless 0 <= root < size
   // A Work whose buffers live on `device` (its device kind stages them).
   c10::intrusive_ptr<WorkMCCL> makeWork(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,

@@ -148,10 +148,14 @@ MCCL_API mcclResult_t mcclAllToAllv(const void* sendbuf, const size_t* sendcount
   MCCLCHECK(checkCommon(comm, "mcclAllToAllv", datatype, 0, NULL, NULL));
   if (!sendcounts || !sdispls || !recvcounts || !rdispls)
     return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: count and displacement arrays must not be NULL");
-  size_t total = 0;
-  for (int j = 0; j < comm->nranks; j++) total += sendcounts[j] + recvcounts[j];
-  if (total > 0 && (sendbuf == NULL || recvbuf == NULL))
-    return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: a buffer is NULL for non-empty counts");
+  size_t sent = 0, received = 0;
+  for (int j = 0; j < comm->nranks; j++) {
+    sent += sendcounts[j];
+    received += recvcounts[j];
+  }
+  if ((sent > 0 && sendbuf == NULL) || (received > 0 && recvbuf == NULL))
+    return mcclArgError(comm, mcclInvalidArgument, "mcclAllToAllv: the %s buffer is NULL but its counts are not all 0",
+                        sent > 0 && sendbuf == NULL ? "send" : "receive");
   mcclOp o = OP(MCCL_COLL_ALLTOALL, sendbuf, recvbuf, 0, datatype, mcclSum, 0);
   const size_t* arrays[4] = {sendcounts, sdispls, recvcounts, rdispls};
   return mcclEngineSubmitV(comm, &o, arrays, options, request);

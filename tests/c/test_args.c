@@ -339,6 +339,15 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     mcclRequestFree(req);
   }
   for (int k = 0; k < 8; k++) EXPECT(g[k] == (float)n, "g[%d] = %g", k, g[k]);
+  {
+    /* A side that moves nothing may pass NULL: rank 0 sends nothing, rank 1 receives nothing. */
+    size_t none[2] = {0, 0}, four[2] = {0, 0}, at[2] = {0, 0};
+    four[1 - r] = 4;
+    float got[4] = {0, 0, 0, 0}, sent[4] = {1, 2, 3, 4};
+    EXPECT_OK(comm, r == 0 ? mcclAllToAllv(NULL, none, at, got, four, at, mcclFloat32, comm, NULL, NULL)
+                           : mcclAllToAllv(sent, four, at, NULL, none, at, mcclFloat32, comm, NULL, NULL));
+    if (r == 0) EXPECT(got[0] == 1 && got[3] == 4, "rank 0 received %g..%g", (double)got[0], (double)got[3]);
+  }
   /* A huge per-call timeout means "no deadline": it is clamped (never overflows) and works. */
   memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = INT64_MAX;
