@@ -41,13 +41,19 @@ mcclResult_t storeSet(void* ctx, const char* key, const void* value, size_t len)
   }
 }
 
+// A store call that failed: mcclRemoteError when its connection broke (the server went away or
+// closed: c10d raises DistNetworkError), else mcclTimeout (the key did not appear in time).
+mcclResult_t storeFailure(const std::exception& e, const char* what, const char* key) {
+  TORCH_WARN("mccl: store ", what, "('", key, "') failed: ", brief(e));
+  return dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr ? mcclRemoteError : mcclTimeout;
+}
+
 mcclResult_t storeWait(void* ctx, const char* key, int64_t timeout_ms) {
   try {
     static_cast<c10d::Store*>(ctx)->wait({key}, std::chrono::milliseconds(timeout_ms));
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store wait('", key, "') failed: ", brief(e));
-    return mcclTimeout;
+    return storeFailure(e, "wait", key);
   }
 }
 
@@ -61,8 +67,7 @@ mcclResult_t storeGet(void* ctx, const char* key, void* buf, size_t cap, size_t*
     std::memcpy(buf, v.data(), std::min(cap, v.size()));
     return mcclSuccess;
   } catch (const std::exception& e) {
-    TORCH_WARN("mccl: store get('", key, "') failed: ", brief(e));
-    return mcclTimeout;
+    return storeFailure(e, "get", key);
   }
 }
 
@@ -257,9 +262,13 @@ namespace {
 class FutureRegistry {
  public:
   static FutureRegistry& get() {
-    static auto* r = new FutureRegistry();
-    return *r;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      if (instance_ == nullptr) instance_ = new FutureRegistry();
+    });
+    return *instance_;
   }
+  static void forgetAfterFork() { instance_ = new FutureRegistry(); }
   void add(const c10::intrusive_ptr<c10::ivalue::Future>& f) {
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() >= purge_at_) {
@@ -275,10 +284,12 @@ class FutureRegistry {
   }
 
  private:
+  static FutureRegistry* instance_;
   std::mutex mu_;
   std::unordered_map<const void*, c10::weak_intrusive_ptr<c10::ivalue::Future>> map_;
   size_t purge_at_ = 1024;
 };
+FutureRegistry* FutureRegistry::instance_ = nullptr;
 }  // namespace
 
 // ---- Work ---------------------------------------------------------------------------------
@@ -311,14 +322,10 @@ WorkMCCL::~WorkMCCL() { mcclRequestFree(request_); }
 namespace {
 thread_local OrderMark* tl_mark = nullptr;  // the mark of the callback this thread is running
 
-std::mutex& groupsMutex() {
-  static std::mutex* mu = new std::mutex();
-  return *mu;
-}
-std::vector<ProcessGroupMCCL*>& liveGroups() {  // under groupsMutex()
-  static auto* groups = new std::vector<ProcessGroupMCCL*>();
-  return *groups;
-}
+std::mutex* g_groups_mu = new std::mutex();                                  // never destroyed
+std::vector<ProcessGroupMCCL*>* g_groups = new std::vector<ProcessGroupMCCL*>();  // under it
+std::mutex& groupsMutex() { return *g_groups_mu; }
+std::vector<ProcessGroupMCCL*>& liveGroups() { return *g_groups; }
 
 }  // namespace
 
@@ -377,10 +384,16 @@ bool OrderMark::isMcclFuture(const c10::intrusive_ptr<c10::ivalue::Future>& futu
 // that starts another thread whenever more tasks wait than threads are idle (up to 256).
 class Completer {
  public:
+  // Never destroyed (its threads may outlive statics); a forked child gets a fresh one
+  // (forgetShimState).
   static Completer& get() {
-    static Completer* instance = new Completer();  // never destroyed: its threads may outlive statics
-    return *instance;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      if (instance_ == nullptr) instance_ = new Completer();
+    });
+    return *instance_;
   }
+  static void forgetAfterFork() { instance_ = new Completer(); }
 
   // Until every task posted so far has run to its end (a task may still drop the last references
   // to tensors after its Work's waiters were released), or `limit` passed. Called when a process
@@ -438,6 +451,7 @@ class Completer {
   }
 
   static thread_local bool tl_in_pool;
+  static Completer* instance_;
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   int running_ = 0;
@@ -447,6 +461,22 @@ class Completer {
 };
 
 thread_local bool Completer::tl_in_pool = false;
+Completer* Completer::instance_ = nullptr;
+
+namespace {
+// fork(): the child inherits this state but none of the threads that use it, and maybe a mutex one
+// of them held: it starts afresh (the old objects are left alone). The groups it inherited are
+// unusable there (their calls fail at once: include/mccl.h, "fork"), so it knows of none; the
+// parent's order marks, pool and Futures are not its own. DataLoader workers fork like this.
+void forgetShimState() {
+  g_groups_mu = new std::mutex();
+  g_groups = new std::vector<ProcessGroupMCCL*>();
+  FutureRegistry::forgetAfterFork();
+  Completer::forgetAfterFork();
+  tl_mark = nullptr;
+}
+[[maybe_unused]] const bool g_at_fork = (pthread_atfork(nullptr, nullptr, forgetShimState), true);
+}  // namespace
 
 // How long a shutdown waits for the completion pool. The pool is shared by every process group,
 // and what a shutdown waits for is the tail of completions already under way (microseconds), so
