@@ -701,3 +701,58 @@ def test_sigkill_plain_script_survivors_exit_nonzero_without_destroy(tmp_path):
         assert r in exits, f"rank {r} never exited (hung in interpreter shutdown?); exits {exits}"
         assert exits[r][1] == 1, f"rank {r} exited with status {exits[r][1]}"
         assert exits[r][0] < 30, f"rank {r} took {exits[r][0]:.1f} s to exit after the kill"
+
+
+# ---- abort / shutdown racing calls from other threads (issue 16) --------------------------------
+
+def _lifecycle_race(rank: int, world_size: int, how: str) -> dict:
+    """Threads issue and wait on collectives while the main thread aborts or shuts the group
+    down: every thread ends within seconds with a result or a RuntimeError, nothing crashes, and
+    a second abort/shutdown is a no-op."""
+    import threading
+
+    from torch.distributed.distributed_c10d import _abort_process_group, _get_default_group
+
+    stop = threading.Event()
+    outcomes = []
+
+    def loop(k):
+        n = 0
+        while not stop.is_set():
+            try:
+                w = dist.all_reduce(torch.full((64 + k,), 1.0), async_op=True)
+                w.wait()
+                n += 1
+            except RuntimeError as exc:
+                outcomes.append(("error", str(exc)[:100]))
+                return
+        outcomes.append(("stopped", n))
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    backend = _get_default_group()._get_backend(torch.device("cpu"))
+    if how == "abort":
+        _abort_process_group()
+        backend.abort()  # again: a no-op
+    else:
+        both = [threading.Thread(target=backend.shutdown), threading.Thread(target=backend.abort)]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join(30)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    return {"alive": sum(t.is_alive() for t in threads), "ended_s": time.monotonic() - t0, "outcomes": len(outcomes)}
+
+
+@pytest.mark.parametrize("how", ["abort", "shutdown_and_abort"])
+def test_abort_and_shutdown_race_calls_from_other_threads(how):
+    results = run_job(_lifecycle_race, 2, how, pg_timeout_s=20, deadline_s=90, **FAST)[0]
+    for r in results:
+        assert r.ok, r.error
+        assert r.value["alive"] == 0 and r.value["outcomes"] == 4, f"rank {r.rank}: {r.value}"
+        assert r.value["ended_s"] < 30, f"rank {r.rank}: {r.value}"
