@@ -175,6 +175,9 @@ typedef struct mcclCommConfig {
                              longer than ~29 years: ~29 years, i.e. forever). */
   const char* peer_hint;  /* A host all ranks can reach (e.g. MASTER_ADDR); picks the interface
                              whose route leads there when MCCL_SOCKET_IFNAME is unset. NULL: none. */
+  const char* label;      /* How log lines and error messages name this communicator, e.g. the
+                             framework's group name ("group 3"); cut to 127 characters. Never part of
+                             a store key. NULL or "": the name. */
 } mcclCommConfig_t;
 
 /* Initialise `*config` with defaults (size set, timeout 30 min, name "default"). NULL: a no-op

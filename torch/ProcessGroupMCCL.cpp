@@ -601,7 +601,8 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
 // ---- Backend ------------------------------------------------------------------------------
 
 ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   std::chrono::milliseconds timeout, const std::string& peer_hint)
+                                   std::chrono::milliseconds timeout, const std::string& peer_hint,
+                                   const std::string& label)
     : c10d::Backend(rank, size), store_(store), timeout_(timeout) {
   mcclCommConfig_t cfg;
   mcclCommConfigInit(&cfg);
@@ -611,6 +612,7 @@ ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store,
   cfg.name = "pg";  // the store is already prefixed per process group
   cfg.timeout_ms = timeout.count();
   cfg.peer_hint = peer_hint.empty() ? nullptr : peer_hint.c_str();
+  cfg.label = label.c_str();
   mcclComm_t comm = nullptr;
   mcclResult_t res = mcclCommInitConfig(&comm, &cfg);
   if (res != mcclSuccess) throwMccl(res, "init", mcclGetLastError(nullptr));

@@ -101,9 +101,11 @@ class OrderMark {
 class ProcessGroupMCCL : public c10d::Backend {
  public:
   // store: the group's (prefixed) store; timeout: default for init and every collective;
-  // peer_hint: a host all ranks reach (MASTER_ADDR), used to pick the interface.
+  // peer_hint: a host all ranks reach (MASTER_ADDR), used to pick the interface; label: how the
+  // C library's log lines and errors name the communicator (e.g. "group 1"; empty: "pg").
   ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                   std::chrono::milliseconds timeout, const std::string& peer_hint);
+                   std::chrono::milliseconds timeout, const std::string& peer_hint,
+                   const std::string& label = "");
   ~ProcessGroupMCCL() override;
 
   const std::string getBackendName() const override { return "mccl"; }

@@ -20,10 +20,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<mccl::ProcessGroupMCCL, c10d::Backend, c10::intrusive_ptr<mccl::ProcessGroupMCCL>>(
       m, "ProcessGroupMCCL")
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
-                    const std::string&>(),
+                    const std::string&, const std::string&>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("peer_hint") = "", py::call_guard<py::gil_scoped_release>(),
-           "Create a communicator over `store` (collective over all ranks).");
+           py::arg("peer_hint") = "", py::arg("label") = "", py::call_guard<py::gil_scoped_release>(),
+           "Create a communicator over `store` (collective over all ranks); `label` names it in "
+           "log lines and errors (e.g. \"group 1\").");
   m.attr("version") = py::make_tuple(MCCL_VERSION_MAJOR, MCCL_VERSION_MINOR, MCCL_VERSION_PATCH);
 
   // Order marks for callbacks (python/mccl/_order.py; ProcessGroupMCCL.cpp explains them).

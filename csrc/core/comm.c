@@ -232,7 +232,7 @@ int mcclCommInherited(const struct mcclComm* comm) {
 mcclResult_t mcclCommForkError(const struct mcclComm* comm, const char* fn) {
   mcclSetThreadError("%s: communicator '%s' (rank %d of %d) was created in process %ld and cannot be used "
                      "after fork() in this process (%ld), which has none of its threads or connections; "
-                     "create a new communicator here", fn, comm->name, comm->rank, comm->nranks,
+                     "create a new communicator here", fn, comm->label, comm->rank, comm->nranks,
                      comm->owner_pid, (long)getpid());
   return mcclInvalidUsage;
 }
@@ -418,9 +418,9 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
       char missing[200], present[200];
       int nmissing = rankList(seen, n, 0, missing, sizeof(missing));
       int npresent = rankList(seen, n, 1, present, sizeof(present));
-      mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of group '%s' to "
+      mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of communicator '%s' to "
                          "join: %d of %d joined (rank%s %s); still missing rank%s %s",
-                         (double)comm->timeout_ms / 1000.0, comm->name, npresent, n, npresent == 1 ? "" : "s",
+                         (double)comm->timeout_ms / 1000.0, comm->label, npresent, n, npresent == 1 ? "" : "s",
                          present, nmissing == 1 ? "" : "s", missing);
     }
     if (res != mcclSuccess) break;
@@ -436,16 +436,16 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
                          "<n>\"): another program uses this group's keys", key, text);
       res = mcclProtocolError;
     } else if (rn != n) {
-      snprintf(reason, sizeof(reason), "the ranks of group '%s' were started with different world sizes: "
+      snprintf(reason, sizeof(reason), "the ranks of communicator '%s' were started with different world sizes: "
                "rank %d with %d, rank %d with %d (every rank must be given the same world size, e.g. the "
-               "same WORLD_SIZE; found by rank %d)", comm->name, r < comm->rank ? r : comm->rank,
+               "same WORLD_SIZE; found by rank %d)", comm->label, r < comm->rank ? r : comm->rank,
                r < comm->rank ? rn : n, r < comm->rank ? comm->rank : r, r < comm->rank ? n : rn, comm->rank);
       span = rn > n ? rn : n;
       res = mcclInvalidArgument;
     } else if (seen[r]) {
-      snprintf(reason, sizeof(reason), "two processes of group '%s' were started as rank %d of %d (store "
+      snprintf(reason, sizeof(reason), "two processes of communicator '%s' were started as rank %d of %d (store "
                "slots %lld and %lld of 'mccl/%s/inits'): every rank number must go to one process (found by "
-               "rank %d)", comm->name, r, n, (long long)seen_at[r], (long long)s, comm->name, comm->rank);
+               "rank %d)", comm->label, r, n, (long long)seen_at[r], (long long)s, comm->name, comm->rank);
       span = n;
       res = mcclInvalidArgument;
     } else {
@@ -510,11 +510,12 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->rank = cfg->rank;
   comm->nranks = cfg->nranks;
   snprintf(comm->name, sizeof(comm->name), "%s", cfg->name ? cfg->name : "default");
+  snprintf(comm->label, sizeof(comm->label), "%s", cfg->label && cfg->label[0] ? cfg->label : comm->name);
   comm->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30 * 60 * 1000;
   if (comm->timeout_ms > MCCL_MAX_TIMEOUT_MS) comm->timeout_ms = MCCL_MAX_TIMEOUT_MS; /* "forever" */
   comm->tp.wake[0] = comm->tp.wake[1] = -1;
   pthread_mutex_init(&comm->qlock, NULL);
-  pthread_cond_init(&comm->qcond, NULL);
+  mcclCondInit(&comm->qcond); /* timed waits on the monotonic clock */
   pthread_mutex_init(&comm->errlock, NULL);
   atomic_init(&comm->aborted, 0);
   atomic_init(&comm->refs, 1);
@@ -572,7 +573,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     MCCLCHECKGOTO(mcclSocketListen(&local, &listen_fd), res, fail);
     mcclSockaddrFormat(&local, addrs[comm->rank], MCCL_ADDR_STRLEN);
     INFO(MCCL_SUB_INIT, "rank %d/%d of '%s' generation %llu listening on %s (%s)", comm->rank,
-         comm->nranks, comm->name, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
+         comm->nranks, comm->label, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
     char host[MCCL_HOST_STRLEN], other[MCCL_HOST_STRLEN];
     mcclHostDescribe(host, sizeof(host));
     snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
@@ -688,7 +689,7 @@ fail:
                        mcclThreadError());
   if (listen_fd >= 0) close(listen_fd);
   free(addrs);
-  WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, cfg->name ? cfg->name : "default",
+  WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, comm->label,
        mcclThreadError());
   commFree(comm);
   return res;
@@ -699,7 +700,7 @@ fail:
  * shut down. The sender thread's own memory and pipe (the transport's, opaque here) are left. */
 static mcclResult_t releaseInherited(struct mcclComm* comm, const char* fn) {
   INFO(MCCL_SUB_INIT, "%s: releasing communicator '%s' (rank %d of %d) inherited from process %ld", fn,
-       comm->name, comm->rank, comm->nranks, comm->owner_pid);
+       comm->label, comm->rank, comm->nranks, comm->owner_pid);
   liveRemove(comm);
   forgetDescriptors(comm); /* a no-op when the fork handler found it listed */
   comm->tp.sender = NULL;
@@ -728,7 +729,7 @@ MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
   if (failed == mcclSuccess && mcclTransportUnread(&comm->tp, peers, sizeof(peers)) > 0)
     WARN("rank %d: communicator '%s' destroyed with frames from rank %s never read: sends that no "
          "recv matched, or collectives that differed between the ranks (for example broadcasts "
-         "with different roots), so some results may differ between ranks", comm->rank, comm->name, peers);
+         "with different roots), so some results may differ between ranks", comm->rank, comm->label, peers);
   commFree(comm);
   return mcclSuccess;
 }

@@ -76,7 +76,8 @@ static inline int mcclCountFits(size_t count, size_t esz, size_t blocks) {
 
 struct mcclComm {
   int rank, nranks;
-  char name[128];
+  char name[128];  /* part of every store key */
+  char label[128]; /* how messages name it: config.label, else the name */
   uint64_t generation;
   int64_t timeout_ms;
 

@@ -24,7 +24,7 @@ void mcclCommSetError(struct mcclComm* comm, mcclResult_t res, const char* msg) 
     comm->async_error = res;
     snprintf(comm->error_msg, sizeof(comm->error_msg), "%s", msg);
     pthread_mutex_unlock(&comm->errlock);
-    WARN("rank %d: communicator '%s' failed: %s", comm->rank, comm->name, msg);
+    WARN("rank %d: communicator '%s' failed: %s", comm->rank, comm->label, msg);
     return;
   }
   pthread_mutex_unlock(&comm->errlock);
@@ -266,17 +266,9 @@ void* mcclEngineMain(void* arg) {
         pthread_cond_wait(&comm->qcond, &comm->qlock);
         continue;
       }
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      int64_t wait_ns = until - mcclNowNs();
-      if (wait_ns > 100 * 1000000LL) wait_ns = 100 * 1000000LL; /* also notice failures */
-      ts.tv_sec += wait_ns / 1000000000LL;
-      ts.tv_nsec += wait_ns % 1000000000LL;
-      if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-      }
-      pthread_cond_timedwait(&comm->qcond, &comm->qlock, &ts);
+      int64_t now = mcclNowNs();
+      int64_t wake = now + 100 * 1000000LL; /* also notice failures */
+      mcclCondWaitUntil(&comm->qcond, &comm->qlock, until < wake ? until : wake);
       if (commFailed(comm)) failed = 1;
     }
     if (next == NEXT_RUN && !req->marker) req->op.seq = comm->next_seq++;

@@ -13,8 +13,6 @@ over one TCP connection per peer pair; this package only registers it and passes
 from __future__ import annotations
 
 import os
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
@@ -30,14 +28,19 @@ DEVICES = ["cpu", "cuda"] + (["mps"] if getattr(_C, "has_mps", False) else [])
 version = tuple(_C.version)
 
 
-def _create_backend(store: dist.Store, group_rank: int, group_size: int, timeout: timedelta) -> _C.ProcessGroupMCCL:
-    """Backend creator called by ``init_process_group``/``new_group``.
+def _create_backend(opts, pg_options=None) -> _C.ProcessGroupMCCL:
+    """Backend creator called by ``init_process_group``/``new_group`` (torch's extended API).
 
-    ``store`` is already prefixed for the group; ``timeout`` bounds init and is the default deadline
-    of every collective. MASTER_ADDR, when set, picks the network interface whose route leads to
-    it (``MCCL_SOCKET_IFNAME`` overrides that).
+    ``opts`` is torch's ``_DistributedBackendOptions``: ``opts.store`` is already prefixed for the
+    group; ``opts.timeout`` bounds init and is the default deadline of every collective;
+    ``opts.group_id`` (torch's group name: "0" for the default group) names the communicator in
+    the C library's log lines and errors ("group 0"). MASTER_ADDR, when set, picks the network
+    interface whose route leads to it (``MCCL_SOCKET_IFNAME`` overrides that). ``pg_options`` is
+    not used: mccl has no per-group options.
     """
-    return _C.ProcessGroupMCCL(store, group_rank, group_size, timeout, os.environ.get("MASTER_ADDR", ""))
+    label = f"group {opts.group_id}" if getattr(opts, "group_id", "") else ""
+    return _C.ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                               os.environ.get("MASTER_ADDR", ""), label)
 
 
 from . import _order  # noqa: E402
@@ -45,4 +48,4 @@ from . import _order  # noqa: E402
 _order.install()  # callbacks' collectives run where the callback was attached (mccl/_order.py)
 
 if BACKEND_NAME not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=DEVICES)
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=DEVICES)

@@ -3,7 +3,11 @@ sparse gradients), all_gather with outputs of different sizes per rank, and erro
 group. Integer-valued data, so every check is exact."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
 import torch
 import torch.distributed as dist
 
@@ -104,16 +108,32 @@ def test_ddp_with_sparse_embeddings_matches_gloo_exactly():
     assert values[0]["digest"] == values[1]["digest"]
 
 
-def _named_group_error(rank: int, world_size: int) -> str:
-    g = dist.new_group(backend="mccl", group_desc="encoder_tp")
+def _named_group_error(rank: int, world_size: int) -> dict:
+    # The C library's own lines (stderr) name the communicator by torch's group name too.
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
     try:
-        dist.all_reduce(torch.ones(4 if rank == 0 else 5), group=g)
-        return "no error"
-    except RuntimeError as exc:
-        return str(exc)
+        g = dist.new_group(backend="mccl", group_desc="encoder_tp")
+        try:
+            dist.all_reduce(torch.ones(4 if rank == 0 else 5), group=g)
+            error = "no error"
+        except RuntimeError as exc:
+            error = str(exc)
+        name = dist.distributed_c10d._get_process_group_name(g)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    return {"error": error, "name": name, "log": log.read().decode(errors="replace")}
 
 
-def test_errors_name_the_group():
-    values = check_ok(run_ranks(_named_group_error, 2, pg_timeout_s=20))
+def test_errors_and_log_lines_name_the_group():
+    values = check_ok(run_ranks(_named_group_error, 2, pg_timeout_s=20, env={"MCCL_DEBUG": "INFO"}))
     for r, v in enumerate(values):
-        assert "encoder_tp" in v and "mismatch" in v.lower(), f"rank {r}: {v}"
+        assert "encoder_tp" in v["error"] and "mismatch" in v["error"].lower(), f"rank {r}: {v['error']}"
+        label = f"'group {v['name']}'"
+        # The init line and the failure warning of the subgroup, each naming it.
+        assert f"rank {r}/2 of {label} generation" in v["log"], v["log"]
+        assert f"communicator {label} failed" in v["log"], v["log"]
+        assert "'pg'" not in v["log"], v["log"]
