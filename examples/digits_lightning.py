@@ -11,7 +11,10 @@ and accuracy are torchmetrics states summed over ranks (no sample counted twice,
 """
 from __future__ import annotations
 
+import logging
 import math
+import time
+import warnings
 from typing import Any, Iterator
 
 import lightning as L
@@ -22,7 +25,60 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from train import GroupNormResNet, differing_ranks, load_data, lr_factor, random_shift
 
-__all__ = ["DigitsDataModule", "DigitsModule", "check_parameters_equal"]
+#: train.py's per-epoch table: the header, and one row per epoch.
+EPOCH_HEADER = f"{'epoch':>5} {'train_loss':>10} {'val_loss':>9} {'val_acc':>8} {'samples/s':>10}"
+
+
+def quiet_lightning() -> None:
+    """Keep Lightning to warnings and errors: no banner about GPUs, TPUs, tips and the process
+    group, and no deprecation warning from Lightning's own code under this torch (one per rank,
+    nothing a user can act on). The per-epoch lines come from :class:`EpochTable` instead."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+class EpochTable(L.Callback):
+    """Prints train.py's table on global rank 0: after every epoch's validation, the epoch's
+    training loss (averaged over ranks), validation loss and accuracy (exact, summed over ranks)
+    and global training samples/s (this rank's samples times the world size, over the time from
+    the epoch's first batch to its last). Lines go through the progress bar when there is one, so
+    they do not break it."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self._elapsed = 0.0
+        self._samples = 0
+
+    def _print(self, trainer: L.Trainer, line: str) -> None:
+        bar = trainer.progress_bar_callback
+        if bar is not None and hasattr(bar, "print"):
+            bar.print(line)
+        else:
+            print(line, flush=True)
+
+    def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._print(trainer, EPOCH_HEADER)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._start, self._elapsed, self._samples = time.perf_counter(), 0.0, 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._samples += len(batch[1])
+        self._elapsed = time.perf_counter() - self._start
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        metrics = trainer.callback_metrics
+        value = lambda key: float(metrics[key]) if key in metrics else float("nan")  # noqa: E731
+        rate = self._samples * trainer.world_size / self._elapsed if self._elapsed > 0 else float("nan")
+        self._print(trainer, f"{trainer.current_epoch + 1:>5} {value('train_loss_epoch'):>10.4f} "
+                             f"{value('val_loss'):>9.4f} {value('val_acc'):>8.2%} {rate:>10.0f}")
+
+__all__ = ["DigitsDataModule", "DigitsModule", "EpochTable", "check_parameters_equal", "quiet_lightning"]
 
 
 class UnpaddedShardSampler(DistributedSampler):

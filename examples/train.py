@@ -8,11 +8,13 @@ torch.distributed backend; AdamW's learning rate follows the paper's rule
 ``lr = base_lr * K**0.45`` for K ranks, reached after a short warm-up and then decayed on a
 cosine schedule.
 
-Each epoch, rank 0 shows a progress bar and prints one line with the global training loss, the
-exact global validation loss and accuracy (sums all-reduced in float64/int64) and the global
-training throughput in samples/s. At the end the script all-gathers the raw bits of every rank's
-parameters and checks that they are bitwise equal, prints the final validation accuracy, and exits
-non-zero if the parameters differ or the accuracy is below ``--target-acc``.
+Each epoch, rank 0 prints one line with the global training loss, the exact global validation
+loss and accuracy (sums all-reduced in float64/int64) and the global training throughput in
+samples/s, with a progress bar in between when stderr is a terminal (``--progress`` and
+``--no-progress`` decide otherwise). At the end the script all-gathers the raw bits of every
+rank's parameters and checks that they are bitwise equal, prints the final validation accuracy,
+and exits non-zero if the parameters differ or the accuracy is below ``--target-acc``. The flags
+that shape the job are add_training_args' and the same in lightning_train.py and ray_train.py.
 
 Run (from the repository root):
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 import numpy as np
@@ -42,6 +45,32 @@ NUM_CLASSES = 10
 PIXEL_MAX = 16.0  # load_digits pixels are integers in 0..16.
 
 
+def add_training_args(parser: argparse.ArgumentParser, *, progress_default: bool | None = None) -> None:
+    """The flags every example takes (train.py, lightning_train.py, ray_train.py), so the same
+    command line trains the same job under each. ``progress_default`` None: on when stderr is a
+    terminal. Whatever it is, rank 0 prints one line per epoch."""
+    parser.add_argument("--epochs", type=int, default=12, help="training epochs")
+    parser.add_argument("--limit-train-batches", type=int, default=None,
+                        help="training steps per epoch (None: the whole training split)")
+    parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    parser.add_argument("--base-lr", type=float, default=4e-4,
+                        help="single-rank learning rate; the peak lr is base_lr * K**0.45")
+    parser.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="linear learning-rate warm-up length before the cosine decay")
+    parser.add_argument("--width", type=float, default=1.0,
+                        help="channel width multiplier (1.0 = widths 32/64/128)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for model init and data order")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads per rank (ranks share the machine's cores)")
+    parser.add_argument("--target-acc", type=float, default=0.95,
+                        help="exit non-zero if the final validation accuracy is below this")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                        default=sys.stderr.isatty() if progress_default is None else progress_default,
+                        help="show a progress bar within each epoch (here: %(default)s; without either flag, on "
+                             "when stderr is a terminal); the per-epoch lines are printed either way")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train a GroupNorm ResNet on sklearn's digits with DDP over MCCL or Gloo.",
@@ -49,20 +78,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--backend", default="mccl", choices=["mccl", "gloo"],
                         help="torch.distributed backend")
-    parser.add_argument("--epochs", type=int, default=12, help="training epochs")
-    parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    parser.add_argument("--base-lr", type=float, default=4e-4,
-                        help="single-rank learning rate; the peak lr is base_lr * K**0.45")
-    parser.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay")
-    parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="linear learning-rate warm-up length before the cosine decay")
-    parser.add_argument("--seed", type=int, default=0, help="seed for model init and data order")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads per rank (ranks share the machine's cores)")
-    parser.add_argument("--target-acc", type=float, default=0.95,
-                        help="exit non-zero if the final validation accuracy is below this")
-    parser.add_argument("--width", type=float, default=1.0,
-                        help="channel width multiplier (1.0 = widths 32/64/128)")
+    add_training_args(parser)
     return parser.parse_args()
 
 
@@ -150,11 +166,14 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
 
 def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                 scheduler: torch.optim.lr_scheduler.LRScheduler, fill: float,
-                generator: torch.Generator, progress: tqdm) -> float:
-    """One pass over this rank's shard; returns the mean training loss over all ranks."""
+                generator: torch.Generator, progress: tqdm, limit: int | None = None) -> float:
+    """One pass over this rank's shard (its first ``limit`` batches if given); returns the mean
+    training loss over all ranks."""
     model.train()
     totals = torch.zeros(2, dtype=torch.float64)  # [loss sum, sample count]
-    for x, y in loader:
+    for step, (x, y) in enumerate(loader):
+        if limit is not None and step >= limit:
+            break
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(random_shift(x, fill, generator)), y)
         loss.backward()
@@ -217,6 +236,8 @@ def main() -> None:
     peak_lr = args.base_lr * world_size ** 0.45
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=args.weight_decay)
     steps_per_epoch = len(train_loader)
+    if args.limit_train_batches is not None:
+        steps_per_epoch = max(1, min(steps_per_epoch, args.limit_train_batches))
     total_steps = args.epochs * steps_per_epoch
     warmup_steps = max(1, round(args.warmup_epochs * steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -234,12 +255,13 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         train_sampler.set_epoch(epoch)
         with tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{args.epochs}", leave=False,
-                  disable=not is_main, dynamic_ncols=True) as progress:
+                  disable=not (is_main and args.progress), dynamic_ncols=True) as progress:
             start = time.perf_counter()
             train_loss = train_epoch(model, train_loader, optimizer, scheduler, fill,
-                                     augment_gen, progress)
+                                     augment_gen, progress, steps_per_epoch)
             elapsed = time.perf_counter() - start
-        samples_per_s = len(train_sampler) * world_size / elapsed
+        samples = min(len(train_sampler), steps_per_epoch * args.batch_size)
+        samples_per_s = samples * world_size / elapsed
         val_loss, val_acc = evaluate(model, test_loader)
         if is_main:
             print(f"{epoch:>5} {train_loss:>10.4f} {val_loss:>9.4f} {val_acc:>8.2%} "

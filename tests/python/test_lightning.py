@@ -387,3 +387,12 @@ def test_lightning_example_trains_to_target_from_readme_command():
     assert "backend=mccl strategy=MCCLDDPStrategy" in proc.stdout
     assert "parameters bitwise equal on all 2 ranks" in proc.stdout
     assert float(proc.stdout.split("final validation accuracy ")[1].split("%")[0]) >= 95.0
+    # Output that is not a terminal still gets train.py's line per epoch, each once, and nothing
+    # twice: no line per rank (Lightning's banner, its deprecation warning) and no progress bar.
+    import re
+
+    row = re.compile(r"^\s*(\d+)\s+\d+\.\d{4}\s+\d+\.\d{4}\s+\d+\.\d{2}%\s+\d+\s*$")
+    assert [int(m.group(1)) for m in map(row.match, proc.stdout.splitlines()) if m] == list(range(1, 13)), proc.stdout
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert sorted({line for line in lines if lines.count(line) > 1}) == [], proc.stdout + proc.stderr
+    assert "it/s" not in proc.stderr and "GPU available" not in proc.stderr, proc.stderr

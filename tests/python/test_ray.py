@@ -11,10 +11,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -92,6 +95,7 @@ def cluster(tmp_path_factory):
     port = free_port()
     address = f"127.0.0.1:{port}"
     procs = []
+    worker_tmp = None
     try:
         procs.append(_start_node(["--head", f"--port={port}", "--", *NODE_ARGS, "--num-gpus=1",
                                   "--include-dashboard=false"],
@@ -102,7 +106,12 @@ def cluster(tmp_path_factory):
             assert time.monotonic() < deadline, "no head node within 120 s:\n" + (logs / "head.log").read_text()[-3000:]
             time.sleep(1)
         ray.init(address=address, logging_level="WARNING", runtime_env={"env_vars": JOB_ENV})
-        procs.append(_start_node(["--address", address, "--ifname", "lo", "--", *NODE_ARGS, "--num-gpus=0"],
+        # The worker node keeps its session (logs included) apart from the head's, as a second
+        # machine would: two nodes' log monitors reading one logs folder send every worker line to
+        # the driver twice. A short path: Ray's socket paths must fit in 107 bytes.
+        worker_tmp = tempfile.mkdtemp(prefix="mccl-rw-")
+        procs.append(_start_node(["--address", address, "--ifname", "lo", "--", *NODE_ARGS, "--num-gpus=0",
+                                  f"--temp-dir={worker_tmp}"],
                                  str(logs / "worker.log")))
         while time.monotonic() < deadline and len(_alive_nodes()) < 2:
             assert procs[1].poll() is None, (logs / "worker.log").read_text()[-3000:]
@@ -115,6 +124,8 @@ def cluster(tmp_path_factory):
         for proc in reversed(procs):
             _stop_node(proc)
         _forget_cluster(port)
+        if worker_tmp:
+            shutil.rmtree(worker_tmp, ignore_errors=True)
         if saved_auth is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
@@ -350,24 +361,46 @@ def _accuracy(output: str) -> str:
     return output.split("final validation accuracy ")[1].split("%")[0]
 
 
+def _epoch_rows(output: str) -> list[int]:
+    """The epoch numbers of the examples' per-epoch rows (train.py's table; Ray's worker prefix allowed)."""
+    row = re.compile(r"(\d+)\s+(?:\d+\.\d{4}|nan)\s+(?:\d+\.\d{4}|nan)\s+(?:\d+\.\d{2}|nan)%\s+(?:\d+|nan)\s*$")
+    return [int(m.group(1)) for m in map(row.search, output.splitlines()) if m]
+
+
+def _repeated_lines(output: str) -> list[str]:
+    """Non-blank lines that occur more than once, and Ray's note that it folded repeats."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    return sorted({line for line in lines if lines.count(line) > 1} | {line for line in lines if "[repeated " in line})
+
+
 @pytest.mark.timeout(300)
 def test_ray_example_trains_like_the_lightning_example(cluster, tmp_path):
     """examples/ray_train.py against this cluster, 10 steps; the same module under Lightning alone
-    (examples/lightning_train.py, 2 ranks) reaches the same validation accuracy."""
+    (examples/lightning_train.py, 2 ranks) reaches the same validation accuracy. Neither prints a
+    line twice nor Ray's State API warning, both print the per-epoch line with no terminal, and the
+    Ray example's temporary results folder is gone when it exits."""
     common = ["--epochs", "1", "--limit-train-batches", str(STEPS), "--target-acc", "0"]
-    proc = subprocess.run([sys.executable, "examples/ray_train.py", "--address", cluster,
-                           "--storage-path", str(tmp_path), *common],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "examples/ray_train.py", "--address", cluster, *common],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(os.environ, TMPDIR=str(tmp)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "backend=mccl strategy=RayMCCLStrategy" in out and f"world_size=2 steps={STEPS}" in out
     assert "parameters bitwise equal on all 2 workers" in out
     assert "final metrics: train_loss_epoch=" in out and f"step={STEPS}" in out
+    assert "epoch train_loss  val_loss  val_acc  samples/s" in proc.stdout
+    assert _epoch_rows(proc.stdout) == [1], proc.stdout
+    assert "Failed to query Ray Train Controller actor state" not in out, out[-4000:]
+    assert _repeated_lines(out) == [], out[-4000:]
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("mccl-ray-")] == [], "temporary results left behind"
     alone = subprocess.run([sys.executable, "examples/lightning_train.py", "--devices", "2", *common],
                            cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
     assert "parameters bitwise equal on all 2 ranks" in alone.stdout
     assert _accuracy(out) == _accuracy(alone.stdout)
+    assert _epoch_rows(alone.stdout) == [1], alone.stdout
+    assert _repeated_lines(alone.stdout + alone.stderr) == [], alone.stdout + alone.stderr
 
 
 def test_mccl_config_and_trainer_reject_other_backends():
