@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <sstream>
 
@@ -294,9 +295,25 @@ FutureRegistry* FutureRegistry::instance_ = nullptr;
 
 // ---- Work ---------------------------------------------------------------------------------
 
+namespace {
+// The torch.profiler name of a collective: "mccl:" and torch's name of it ("mccl:all_reduce"), as
+// gloo's "gloo:all_reduce". Interned: the Work keeps the pointer.
+const char* profilingTitle(const char* name) {
+  static std::mutex mu;
+  static std::set<std::string> titles;
+  std::string title = std::string("mccl:") + name;
+  for (const char* from : {"allreduce", "allgather"}) {
+    size_t at = title.find(from);
+    if (at != std::string::npos) title.insert(at + 3, "_");
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  return titles.insert(title).first->c_str();
+}
+}  // namespace
+
 WorkMCCL::WorkMCCL(c10d::OpType type, const char* profiling_name, std::vector<at::Tensor> outputs,
                    std::unique_ptr<Staging> staging)
-    : c10d::Work(-1, type, profiling_name),
+    : c10d::Work(-1, type, profilingTitle(profiling_name)),
       outputs_(std::move(outputs)),
       staging_(std::move(staging)),
       inference_mode_(c10::InferenceMode::is_enabled()),
@@ -494,6 +511,8 @@ void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
 
 void WorkMCCL::complete(mcclResult_t result) {
   { std::lock_guard<std::mutex> issued(issuing_); }  // the issuing thread finished the staging
+  // Under torch.profiler, the "mccl:<collective>" event the Work opened ends here, once.
+  if (recordFunctionEndCallback_) std::exchange(recordFunctionEndCallback_, nullptr)();
   std::exception_ptr eptr;
   if (result == mcclSuccess) {
     try {
@@ -713,9 +732,10 @@ namespace {
 class DoneWork : public c10d::Work {
  public:
   DoneWork(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs)
-      : c10d::Work(-1, type, name),
+      : c10d::Work(-1, type, profilingTitle(name)),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+    if (recordFunctionEndCallback_) std::exchange(recordFunctionEndCallback_, nullptr)();
     finish();
     future_->markCompleted(c10::IValue(outputs_));
   }

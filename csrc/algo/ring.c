@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "core/trace.h"
 #include "core/debug.h"
 #include "reduce/reduce.h"
 
@@ -131,6 +132,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
     while (ann.done && r_done < r_posted && rx[r_done % (size_t)depth].complete) {
       size_t slot = r_done % (size_t)depth;
       int t = (int)(runit[slot] / nseg);
+      int64_t t0 = ctx->tp->trace ? mcclNowNs() : 0;
       if (p->recv_mode[t] == MCCL_RECV_COPY) {
         if (staged[slot]) memcpy(out + rx[slot].frame.offset, rx[slot].buf, rx[slot].bytes);
       } else {
@@ -141,6 +143,12 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
         char* dst = final && p->final_out ? p->final_out + (s.off - p->final_base) * esz : out + s.off * esz;
         mcclReduceKernel(dst, in + s.off * esz, rx[slot].buf, s.len, op->dtype, op->op,
                          final ? (uint32_t)ctx->nranks : 1);
+      }
+      if (ctx->tp->trace && (p->recv_mode[t] != MCCL_RECV_COPY || staged[slot])) {
+        mcclTraceArgs a = {.coll = rx[slot].frame.coll, .step = rx[slot].frame.step, .seq = rx[slot].frame.seq,
+                           .offset = rx[slot].frame.offset, .bytes = rx[slot].bytes};
+        mcclTraceSpan(ctx->tp->trace, 0, p->recv_mode[t] == MCCL_RECV_COPY ? MCCL_TRACE_COPY : MCCL_TRACE_REDUCE,
+                      t0, mcclNowNs(), &a);
       }
       r_done++;
     }

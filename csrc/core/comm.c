@@ -27,6 +27,7 @@
 #include "core/debug.h"
 #include "core/host.h"
 #include "core/param.h"
+#include "core/trace.h"
 #include "core/platform.h"
 #include "transport/socket.h"
 
@@ -190,6 +191,7 @@ static void forgetDescriptors(struct mcclComm* comm) {
       close(t->wake[k]);
       t->wake[k] = -1;
     }
+  t->trace = NULL; /* the parent's recorder: the parent writes it, the child leaves its copy */
 }
 
 static void forkPrepare(void) { pthread_mutex_lock(&live_lock); }
@@ -199,6 +201,7 @@ static void forkParent(void) { pthread_mutex_unlock(&live_lock); }
 static void forkChild(void) {
   atomic_fetch_add(&fork_count, 1);
   for (struct mcclComm* c = live_head; c != NULL; c = c->live_next) forgetDescriptors(c);
+  mcclTraceAfterFork();
   /* Held by the thread that forked, whose copy is this one: a fresh lock instead of an unlock by
    * what the lock may take for another thread. */
   pthread_mutex_init(&live_lock, NULL);
@@ -257,6 +260,8 @@ void mcclCommRelease(struct mcclComm* comm) {
 static void commFree(struct mcclComm* comm) {
   mcclP2pFree(comm);
   mcclTransportClose(&comm->tp);
+  mcclTraceClose(comm->tp.trace); /* after the threads that record in it have stopped */
+  comm->tp.trace = NULL;
   free(comm->algo.scratch);
   free(comm->algo.work);
   comm->algo.scratch = comm->algo.work = NULL;
@@ -639,6 +644,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     }
     close(listen_fd); /* the mesh is complete: nobody else may connect */
     listen_fd = -1;
+    comm->tp.trace = mcclTraceOpen(comm->rank, comm->nranks, comm->label); /* before the sender starts */
     int64_t send_thread = mcclParamInt("MCCL_SEND_THREAD");
     /* A second thread pays off only with a CPU of its own: this rank may run on 2 CPUs, and the
      * ranks that share them have 2 each. */

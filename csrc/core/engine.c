@@ -15,6 +15,7 @@
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "core/trace.h"
 #include "device/handoff.h"
 #include "reduce/reduce.h"
 
@@ -180,6 +181,11 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
   /* Consistent failure: a peer whose notice that it failed this collective is already here makes
    * it fail here too, instead of succeeding on this rank alone (mcclTransportSettle, tcp.h). */
   if (res == mcclSuccess) res = mcclTransportSettle(&comm->tp, req->op.seq);
+  if (comm->tp.trace) {
+    mcclTraceArgs a = {.coll = (uint8_t)req->op.coll, .dtype = (uint8_t)req->op.dtype,
+                       .failed = res != mcclSuccess, .seq = req->op.seq, .bytes = req->op.count};
+    mcclTraceSpan(comm->tp.trace, 0, MCCL_TRACE_COLLECTIVE, start, mcclNowNs(), &a);
+  }
   if (res == mcclSuccess) {
     TRACE(MCCL_SUB_COLL, "rank %d: done %s #%llu in %.3f ms", comm->rank, mcclCollName(req->op.coll),
           (unsigned long long)req->op.seq, (double)(mcclNowNs() - start) / 1e6);

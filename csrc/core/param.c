@@ -47,6 +47,11 @@ static mcclParam params[] = {
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU
      * memory with a wait (the paper's ablation). Read by the torch shim through mcclGetEnvInt. */
     {"MCCL_UNIFIED_COLLECTIVE", 1, 0, 1, 0, NULL, 0},
+    /* A path prefix: each communicator writes a Chrome trace of its collectives and links to
+     * <prefix>.<communicator>.rank<r>.json (core/trace.h). Unset: no tracing. */
+    {"MCCL_TRACE", 0, 0, 0, 1, NULL, 0},
+    /* Events a trace keeps per communicator (64 bytes each); later ones are counted, not kept. */
+    {"MCCL_TRACE_EVENTS", 1 << 20, 1, (int64_t)1 << 28, 0, NULL, 0},
 };
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/debug.h"
+#include "core/trace.h"
 #include "core/platform.h"
 
 /* ---- connection setup ------------------------------------------------------------------- */
@@ -664,6 +665,37 @@ static ssize_t frameWrite(int fd, mcclXfer* x) {
   return sendmsg(fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/* Trace records of one frame (core/trace.h): its wait and its transfer, on the peer's track. */
+static void traceXfer(mcclTransport* t, int track, mcclTraceKind wait, mcclTraceKind move, const mcclXfer* x) {
+  int64_t now = mcclNowNs();
+  mcclTraceArgs a = {.coll = x->frame.coll, .step = x->frame.step, .seq = x->frame.seq,
+                     .offset = x->frame.offset, .bytes = x->bytes};
+  int64_t first = x->t_first ? x->t_first : now;
+  mcclTraceSpan(t->trace, track, wait, x->t_post, first, &a);
+  mcclTraceSpan(t->trace, track, move, first, now, &a);
+}
+
+/* With a trace, a write of `n` bytes (or -1) of the `offered` left of c's head frame x: note its
+ * first byte, and the times the socket was full: from a write it refused or took only part of,
+ * to the next write it took bytes in. */
+static void traceWrite(mcclTransport* t, int peer, mcclConn* c, mcclXfer* x, ssize_t n, size_t before,
+                       size_t offered) {
+  if (t->trace == NULL) return;
+  int64_t now = mcclNowNs();
+  if (n <= 0) {
+    if (c->t_full == 0) c->t_full = now;
+    return;
+  }
+  if (before == 0 && x->t_first == 0) x->t_first = now;
+  if (c->t_full) {
+    mcclTraceArgs a = {.coll = x->frame.coll, .step = x->frame.step, .seq = x->frame.seq,
+                       .offset = x->frame.offset, .bytes = (uint64_t)n};
+    mcclTraceSpan(t->trace, mcclTraceSendTrack(peer), MCCL_TRACE_WINDOW, c->t_full, now, &a);
+    c->t_full = 0;
+  }
+  if ((size_t)n < offered) c->t_full = now; /* a short write: the socket is full again */
+}
+
 /* With a sender thread, a frame smaller than this that finds its queue empty is written by the
  * owner itself, right away: copying it costs less than waking the sender thread and being woken
  * back (a few microseconds each way), which is what small collectives' latency is made of. */
@@ -678,6 +710,8 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
   if (x->frame.type == 0) x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
   mcclFrameEncode(x->hdr, &x->frame);
+  x->t_first = 0;
+  x->t_post = t->trace ? mcclNowNs() : 0;
   if (s != NULL) pthread_mutex_lock(&s->mu);
   int was_empty = c->sq_head == NULL;
   if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted) {
@@ -688,8 +722,10 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
     while (n < 0 && errno == EINTR);
     if (n > 0) x->done = (size_t)n;
     c->send_midframe = x->done > 0 && x->done < MCCL_FRAME_BYTES + x->bytes;
+    if (n > 0 && t->trace) x->t_first = mcclNowNs();
     if (x->done == MCCL_FRAME_BYTES + x->bytes) {
       pthread_mutex_unlock(&s->mu);
+      if (t->trace) traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
       atomic_store(&x->complete, 1);
       return;
     }
@@ -712,6 +748,8 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   x->complete = 0;
   x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
+  x->t_first = 0;
+  x->t_post = t->trace ? mcclNowNs() : 0;
   if (c->rq_tail) c->rq_tail->next = x;
   else c->rq_head = x;
   c->rq_tail = x;
@@ -729,14 +767,19 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
     mcclXfer* x = c->sq_head;
     if (s != NULL) pthread_mutex_unlock(&s->mu);
     if (x == NULL) return 0;
+    size_t before = x->done;
     ssize_t n = frameWrite(c->fd, x);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        traceWrite(t, peer, c, x, n, before, 0);
+        return 1;
+      }
       *err_no = errno;
       lostText(t, peer, "sending", &x->frame, errno, err, cap);
       return -1;
     }
+    traceWrite(t, peer, c, x, n, before, MCCL_FRAME_BYTES + x->bytes - before);
     x->done += (size_t)n;
     c->send_midframe = x->done < MCCL_FRAME_BYTES + x->bytes;
     if (!c->send_midframe) {
@@ -744,6 +787,7 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       c->sq_head = x->next;
       if (c->sq_head == NULL) c->sq_tail = NULL;
       if (s != NULL) pthread_mutex_unlock(&s->mu);
+      if (t->trace) traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
       atomic_store(&x->complete, 1); /* the last access: the owner may reuse x from here on */
       if (s != NULL) mcclTransportWake(t);
     }
@@ -1002,6 +1046,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_mode = MCCL_RX_PEEKED;
       }
     } else if (reading) {
+      if (c->rx_mode == MCCL_RX_COLL && t->trace && c->rq_head->t_first == 0) c->rq_head->t_first = mcclNowNs();
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
       c->rx_room -= (size_t)n;
@@ -1021,6 +1066,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     if (c->rx_left > 0) continue;
     if (c->rx_mode == MCCL_RX_COLL) {
       mcclXfer* x = c->rq_head;
+      if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, x);
       x->complete = 1;
       c->rq_head = x->next;
       if (c->rq_head == NULL) c->rq_tail = NULL;

@@ -45,6 +45,7 @@ typedef struct mcclXfer {
   size_t done;                    /* header + payload bytes moved so far */
   atomic_int complete;            /* set last, after the transport's final access: from then on
                                      the owner may reuse or free the transfer */
+  int64_t t_post, t_first;        /* with a trace: when it was posted, when its first byte moved */
 } mcclXfer;
 
 /* Receive-side state of a connection: what the bytes arriving next are. */
@@ -56,6 +57,7 @@ typedef struct mcclConn {
   mcclXfer *sq_head, *sq_tail;    /* sends, in order */
   int send_midframe;              /* the head send is partly written: nothing may cut in */
   int send_blocked;               /* sender thread: the socket was full at the last write */
+  int64_t t_full;                 /* with a trace: since when the socket refuses writes (0: not) */
   uint8_t rhdr[MCCL_FRAME_BYTES]; /* the frame header being read */
   size_t rhdr_got;
   int rx_mode;                    /* MCCL_RX_*: reading a header, a collective payload, a
@@ -130,6 +132,8 @@ typedef struct mcclTransport {
                                      failure nor closed during the linger ("" if none) */
   uint64_t settled;               /* collectives this rank completed (mcclTransportSettle): the
                                      ABORT frames of mcclTransportFail carry it */
+  struct mcclTrace* trace;        /* the owner's recorder (core/trace.h), or NULL: frames' send,
+                                     receive, waits and full sockets are recorded there */
 } mcclTransport;
 
 /* What a rank needs to authenticate its peers. */

@@ -1,0 +1,267 @@
+"""Read MCCL's segment-level traces (``MCCL_TRACE=<prefix>``, csrc/core/trace.h).
+
+Each rank writes ``<prefix>.<communicator>.rank<r>.json``, a Chrome / Perfetto trace: open it in
+ui.perfetto.dev, or summarise it here::
+
+    python -m mccl.trace summary /tmp/t.group_0.rank*.json [--json out.json] [--top 5]
+
+For every collective on every rank, and each link (one direction to one peer) it used, the summary
+gives the time the link was *pending* (from the first frame posted on it to the last frame done),
+the time it actually moved bytes (the union of its ``send`` / ``recv`` spans), and the gaps in
+between. The receiving side is the wire's witness: a ``recv`` span lasts while the bytes of a frame
+arrive, so a gap there is time the link from that peer carried nothing this rank was waiting for.
+(A ``send`` span only lasts while the kernel takes the bytes, which its socket buffer usually does
+at once; what holds a sender back shows as ``send-queued`` and ``window`` time, reported per send
+link.) Each gap of a receive link is put down to one cause, first match wins:
+
+``window``
+    the peer's socket to this rank was full during the gap (a ``window`` span in the peer's trace,
+    when that trace is among the files; else this rank's own send socket to the same peer);
+``reduce``
+    the engine was reducing or copying a received segment during the gap;
+``phase``
+    the next frame belongs to the other phase of an all-reduce (reduce-scatter steps 0..n-2,
+    all-gather steps n-1..2n-3);
+``step``
+    the next frame is of another step of the algorithm (the ring waits for the previous step's
+    data before it can send);
+``segment``
+    the next frame is the next segment of the same step (the per-frame cost of the pipeline).
+
+Times are microseconds on CLOCK_MONOTONIC, as the trace stores them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+CAUSES = ("window", "reduce", "phase", "step", "segment")
+
+
+@dataclass
+class LinkSummary:
+    """One direction of one link during one collective. Times in microseconds."""
+
+    track: str
+    bytes: int = 0
+    frames: int = 0
+    pending_us: float = 0.0
+    busy_us: float = 0.0
+    queued_us: float = 0.0  # send links: frames posted but not yet taken by the kernel
+    window_us: float = 0.0  # send links: the socket full (the peer's TCP window, or the wire)
+    bubbles_us: dict = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
+    bubble_count: dict = field(default_factory=lambda: {c: 0 for c in CAUSES})
+
+    @property
+    def idle_us(self) -> float:
+        """Time the link had work pending but moved no byte."""
+        return max(0.0, self.pending_us - self.busy_us)
+
+
+@dataclass
+class CollectiveSummary:
+    rank: int
+    name: str
+    seq: int
+    coll: str
+    count: int
+    dtype: str
+    start_us: float
+    dur_us: float
+    reduce_us: float
+    links: list
+
+
+def load(path: str) -> dict:
+    """A trace file as written by MCCL: ``{"otherData": {...}, "traceEvents": [...]}``."""
+    with open(path) as f:
+        data = json.load(f)
+    if "traceEvents" not in data or "otherData" not in data:
+        raise ValueError(f"{path}: not an MCCL trace (no traceEvents/otherData)")
+    return data
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlaps(spans: list[tuple[float, float]], a: float, b: float) -> bool:
+    return any(s < b and e > a for s, e in spans)
+
+
+def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
+    """Per collective of one rank's trace: its links' pending, busy and bubble times.
+
+    ``peers`` maps rank -> trace of the other ranks of the same communicator on the same host
+    (same clock), whose full sockets explain gaps on this rank's receive links.
+    """
+    meta = data["otherData"]
+    rank, nranks = int(meta["rank"]), int(meta["nranks"])
+    names = {}
+    colls, engine, links = [], [], defaultdict(list)
+    for e in data["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[e["tid"]] = e["args"]["name"]
+        if e.get("ph") != "X":
+            continue
+        if e.get("cat") == "collective":
+            colls.append(e)
+        elif e["tid"] == 0:
+            engine.append(e)
+        else:
+            links[e["tid"]].append(e)
+    out = []
+    for c in sorted(colls, key=lambda e: e["ts"]):
+        seq, kind = c["args"]["seq"], c["args"]["coll"]
+
+        def mine(e):
+            return e["args"]["seq"] == seq and e["args"]["coll"] == kind
+
+        work = [(e["ts"], e["ts"] + e["dur"]) for e in engine if mine(e)]
+        reduce_us = sum(b - a for a, b in work)
+        summaries = []
+        for tid in sorted(links):
+            evs = [e for e in links[tid] if mine(e)]
+            moves = sorted((e for e in evs if e["name"] in ("send", "recv")), key=lambda e: e["ts"])
+            if not moves:
+                continue
+            waits = [e for e in evs if e["name"] in ("send-queued", "recv-wait")]
+            windows = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["name"] == "window"]
+            if tid % 2 == 0:  # a receive link: the peer's socket to this rank, from its trace
+                peer = (tid - 2) // 2
+                theirs = peers.get(peer) if peers else None
+                windows = [] if theirs is None else [
+                    (e["ts"], e["ts"] + e["dur"]) for e in theirs["traceEvents"]
+                    if e.get("ph") == "X" and e.get("tid") == 1 + 2 * rank and e["name"] == "window"
+                    and mine(e)]
+            s = LinkSummary(track=names.get(tid, str(tid)))
+            s.queued_us = sum(b - a for a, b in _union([(e["ts"], e["ts"] + e["dur"]) for e in waits]))
+            s.window_us = sum(b - a for a, b in _union(windows)) if tid % 2 == 1 else 0.0
+            s.frames = len(moves)
+            s.bytes = sum(e["args"]["bytes"] for e in moves)
+            first = min([e["ts"] for e in moves + waits])
+            last = max(e["ts"] + e["dur"] for e in moves)
+            s.pending_us = last - first
+            busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in moves])
+            s.busy_us = sum(b - a for a, b in busy)
+            # Gaps between consecutive frames (one socket moves one frame at a time), and before
+            # the first one; each put down to one cause.
+            prev_end, prev_step = first, None
+            for e in moves:
+                a, b, step = e["ts"], e["ts"] + e["dur"], e["args"]["step"]
+                if a > prev_end:
+                    if _overlaps(windows, prev_end, a):
+                        cause = "window"
+                    elif _overlaps(work, prev_end, a):
+                        cause = "reduce"
+                    elif kind == "allreduce" and prev_step is not None and \
+                            (prev_step < nranks - 1) != (step < nranks - 1):
+                        cause = "phase"
+                    elif prev_step is not None and step != prev_step:
+                        cause = "step"
+                    else:
+                        cause = "segment"
+                    s.bubbles_us[cause] += a - prev_end
+                    s.bubble_count[cause] += 1
+                prev_end, prev_step = max(prev_end, b), step
+            summaries.append(s)
+        out.append(CollectiveSummary(rank=rank, name=c["name"], seq=seq, coll=kind, count=c["args"]["count"],
+                                     dtype=c["args"]["dtype"], start_us=c["ts"], dur_us=c["dur"],
+                                     reduce_us=reduce_us, links=summaries))
+    return out
+
+
+def summarize_all(traces: list[dict]) -> list[CollectiveSummary]:
+    """:func:`summarize` for each trace, with the traces of the same communicator and host as
+    its peers (their clocks agree: CLOCK_MONOTONIC of one kernel)."""
+    out = []
+    for t in traces:
+        meta = t["otherData"]
+        peers = {o["otherData"]["rank"]: o for o in traces
+                 if o is not t and o["otherData"].get("communicator") == meta.get("communicator")
+                 and o["otherData"].get("host") == meta.get("host")}
+        out += summarize(t, peers)
+    return out
+
+
+def _fmt_ms(us: float) -> str:
+    return f"{us / 1e3:9.3f}"
+
+
+def report(summaries: list[CollectiveSummary], top: int, stream=sys.stdout) -> None:
+    """Print, per collective and rank, its receive links (the wire) and send links (the sender's
+    side), then the causes of the receive links' idle time over every collective."""
+    print(f"{'rank':>4} {'collective':<16} {'link':<18} {'MiB':>8} {'frames':>6} {'dur ms':>9} {'pending':>9} "
+          f"{'busy':>9} {'idle':>9} {'Gbit/s':>7}  idle by cause, ms (" + ", ".join(CAUSES) + ")", file=stream)
+    totals = {c: 0.0 for c in CAUSES}
+    for c in sorted(summaries, key=lambda s: (s.rank, s.start_us)):
+        for link in c.links:
+            if not link.track.startswith("recv") or link.bytes == 0:
+                continue
+            rate = link.bytes * 8 / (link.pending_us * 1e3) if link.pending_us > 0 else 0.0
+            bub = " ".join(f"{link.bubbles_us[k] / 1e3:.3f}" for k in CAUSES)
+            print(f"{c.rank:>4} {c.name:<16} {link.track:<18} {link.bytes / 2**20:8.2f} {link.frames:>6} "
+                  f"{_fmt_ms(c.dur_us)} {_fmt_ms(link.pending_us)} {_fmt_ms(link.busy_us)} "
+                  f"{_fmt_ms(link.idle_us)} {rate:7.3f}  {bub}", file=stream)
+            for k in CAUSES:
+                totals[k] += link.bubbles_us[k]
+        for link in c.links:
+            if link.track.startswith("send") and link.bytes > 0:
+                print(f"{c.rank:>4} {c.name:<16} {link.track:<18} {link.bytes / 2**20:8.2f} {link.frames:>6} "
+                      f"{_fmt_ms(c.dur_us)}   queued {link.queued_us / 1e3:.3f} ms, socket full "
+                      f"{link.window_us / 1e3:.3f} ms, reduce/copy on the engine {c.reduce_us / 1e3:.3f} ms",
+                      file=stream)
+    total = sum(totals.values())
+    if total > 0:
+        parts = ", ".join(f"{k} {v / 1e3:.3f} ms ({100 * v / total:.0f}%)"
+                          for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:top] if v > 0)
+        print(f"receive links idle while pending, all collectives: {total / 1e3:.3f} ms: {parts}", file=stream)
+
+
+def _as_json(summaries: list[CollectiveSummary]) -> list[dict]:
+    out = []
+    for c in summaries:
+        out.append({"rank": c.rank, "name": c.name, "seq": c.seq, "coll": c.coll, "count": c.count,
+                    "dtype": c.dtype, "start_us": c.start_us, "dur_us": c.dur_us, "reduce_us": c.reduce_us,
+                    "links": [{"track": l.track, "bytes": l.bytes, "frames": l.frames,
+                               "pending_us": l.pending_us, "busy_us": l.busy_us, "idle_us": l.idle_us,
+                               "queued_us": l.queued_us, "window_us": l.window_us,
+                               "bubbles_us": l.bubbles_us, "bubble_count": l.bubble_count}
+                              for l in c.links]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mccl.trace", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("summary", help="per collective and link: pending, busy, idle time and its causes")
+    s.add_argument("files", nargs="+", help="trace files (<prefix>.<communicator>.rank<r>.json)")
+    s.add_argument("--json", default=None, help="also write the summary as JSON to this file")
+    s.add_argument("--top", type=int, default=len(CAUSES), help="causes to list in the last line")
+    args = p.parse_args(argv)
+    traces = []
+    for path in args.files:
+        try:
+            traces.append(load(path))
+        except (OSError, ValueError) as exc:
+            print(f"mccl.trace: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+    summaries = summarize_all(traces)
+    report(summaries, args.top)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(_as_json(summaries), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

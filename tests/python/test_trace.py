@@ -1,0 +1,101 @@
+"""MCCL_TRACE (csrc/core/trace.h), ``python -m mccl.trace summary``, and the collectives' events
+in torch.profiler (issue 17). Byte counts in the trace are checked exactly against what the ring
+must move."""
+from __future__ import annotations
+
+import glob
+import json
+
+import torch
+import torch.distributed as dist
+
+from distributed import check_ok, run_ranks
+from mccl import trace
+
+ELEMS = 3 << 20  # 12 MiB of float32: the ring (MCCL_RING_THRESHOLD is 256 KiB), 3 equal chunks
+
+
+def _traced(rank: int, world_size: int) -> dict:
+    x = torch.full((ELEMS,), float(rank + 1))
+    dist.all_reduce(x)
+    out = torch.empty(ELEMS * world_size)
+    dist.all_gather_into_tensor(out, torch.full((ELEMS,), float(rank)))
+    group = dist.new_group(backend="mccl")  # a second communicator: a file of its own
+    dist.all_reduce(torch.ones(8), group=group)
+    ok = bool((x == world_size * (world_size + 1) / 2).all()) and bool(
+        torch.equal(out, torch.arange(world_size, dtype=torch.float32).repeat_interleave(ELEMS)))
+    name = dist.distributed_c10d._get_process_group_name(group)
+    dist.destroy_process_group()  # writes the traces before this rank reports
+    return {"ok": ok, "group": name}
+
+
+def _spans(data, tid, name, seq):
+    return [e for e in data["traceEvents"]
+            if e.get("ph") == "X" and e.get("tid") == tid and e["name"] == name and e["args"]["seq"] == seq]
+
+
+def test_trace_records_every_frame_exactly(tmp_path):
+    n = 3
+    prefix = str(tmp_path / "t")
+    values = check_ok(run_ranks(_traced, n, deadline_s=120, env={"MCCL_TRACE": prefix}))
+    assert all(v["ok"] for v in values)
+    for r in range(n):
+        path = f"{prefix}.group_0.rank{r}.json"
+        data = trace.load(path)
+        assert data["otherData"]["rank"] == r and data["otherData"]["nranks"] == n
+        assert data["otherData"]["dropped"] == 0
+        colls = [e for e in data["traceEvents"] if e.get("cat") == "collective"]
+        assert [(e["args"]["coll"], e["args"]["seq"], e["args"]["ok"]) for e in colls] == \
+            [("allreduce", 0, True), ("allgather", 1, True)], colls
+        send_track, recv_track = 1 + 2 * ((r + 1) % n), 2 + 2 * ((r - 1) % n)
+        # Ring all-reduce: n - 1 chunks go out in the reduce-scatter and n - 1 in the all-gather,
+        # as many come in; the reduce-scatter's n - 1 are reduced. Chunks are ELEMS / n elements.
+        sent = sum(e["args"]["bytes"] for e in _spans(data, send_track, "send", 0))
+        got = sum(e["args"]["bytes"] for e in _spans(data, recv_track, "recv", 0))
+        reduced = sum(e["args"]["bytes"] for e in _spans(data, 0, "reduce", 0))
+        assert sent == got == 2 * (n - 1) * (ELEMS // n) * 4, (sent, got)
+        assert reduced == (n - 1) * (ELEMS // n) * 4, reduced
+        # All-gather: this rank's block goes out, and every other rank's comes in, once.
+        assert sum(e["args"]["bytes"] for e in _spans(data, send_track, "send", 1)) == (n - 1) * ELEMS * 4
+        assert sum(e["args"]["bytes"] for e in _spans(data, recv_track, "recv", 1)) == (n - 1) * ELEMS * 4
+        # One socket moves one frame at a time: a direction's spans never overlap.
+        for tid in (send_track, recv_track):
+            moves = sorted((e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("tid") == tid
+                            and e["name"] in ("send", "recv")), key=lambda e: e["ts"])
+            for a, b in zip(moves, moves[1:]):
+                assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (a, b)
+        peers = {q: trace.load(f"{prefix}.group_0.rank{q}.json") for q in range(n) if q != r}
+        summary = trace.summarize(data, peers)
+        assert [c.name for c in summary] == ["allreduce #0", "allgather #1"]
+        for c in summary:
+            for link in c.links:
+                assert 0 <= link.busy_us <= link.pending_us <= c.dur_us + 1e-3, link
+                assert abs(sum(link.bubbles_us.values()) - link.idle_us) <= 1e-3 + 1e-6 * link.pending_us, link
+                assert 0 <= link.window_us <= link.pending_us + 1e-3 and link.queued_us >= 0, link
+        # The subgroup's communicator wrote its own file, named by torch's group name.
+        sub = trace.load(f"{prefix}.group_{values[r]['group']}.rank{r}.json")
+        assert [e["args"]["coll"] for e in sub["traceEvents"] if e.get("cat") == "collective"] == ["allreduce"]
+    assert trace.main(["summary", *sorted(glob.glob(prefix + ".group_0.rank*.json")),
+                       "--json", str(tmp_path / "s.json")]) == 0
+    rows = json.loads((tmp_path / "s.json").read_text())
+    assert len(rows) == 2 * n and all(row["links"] for row in rows)
+
+
+def _profiled(rank: int, world_size: int) -> dict:
+    from torch.profiler import profile
+
+    x = torch.ones(1 << 20)
+    with profile() as prof:
+        dist.all_reduce(x)
+        work = dist.all_gather_into_tensor(torch.empty(2 << 20), torch.ones(1 << 20), async_op=True)
+        work.wait()
+        dist.broadcast(torch.ones(16), 0)
+    events = [e for e in prof.events() if e.name.startswith("mccl:")]
+    return {"names": sorted(e.name for e in events),
+            "closed": all(e.time_range.end > e.time_range.start for e in events)}
+
+
+def test_collectives_appear_in_torch_profiler():
+    for v in check_ok(run_ranks(_profiled, 2, deadline_s=60)):
+        assert v["names"] == ["mccl:all_gather_into_tensor", "mccl:all_reduce", "mccl:broadcast"], v
+        assert v["closed"], v
