@@ -140,6 +140,35 @@ def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
     assert out_png.stat().st_size > 10_000
 
 
+def test_combine_rounds_takes_the_median_round_and_its_spread():
+    rows = [{"op": "all_reduce", "size": 4, "backend": b, "time_us": t, "busbw": 1 / t, "wrong": w, "round": k}
+            for k, (b, t, w) in enumerate([("mccl", 30.0, 0), ("mccl", 10.0, 0), ("mccl", 20.0, 1),
+                                           ("gloo", 8.0, 0), ("gloo", 4.0, 0)])]
+    rows.append({"op": "all_reduce", "size": 8, "backend": "gloo", "unsupported": "no", "round": 0})
+    out = {(r["size"], r["backend"]): r for r in C.combine_rounds(rows)}
+    m = out[(4, "mccl")]
+    assert m["time_us"] == 20.0 and m["busbw"] == 1 / 20.0 and m["wrong"] == 1  # every round's wrong counts
+    assert m["rounds_time_us"] == [30.0, 10.0, 20.0] and m["spread_pct"] == 100.0 and "round" not in m
+    g = out[(4, "gloo")]
+    assert g["time_us"] == 4.0 and g["spread_pct"] == 100.0  # lower median of two
+    assert "unsupported" in out[(8, "gloo")]
+
+
+def test_rounds_alternate_backends_in_one_run(tmp_path):
+    out_json = tmp_path / "r.json"
+    rc, out = bench("--nproc", "2", "--backends", "mccl,gloo", "--ops", "all_reduce", "--sizes", "4K", "-n", "2",
+                    "-w", "1", "--rounds", "3", "--json", str(out_json))
+    assert rc == 0, out[-4000:]
+    data = json.loads(out_json.read_text())
+    # Measured in the order mccl, gloo / gloo, mccl / mccl, gloo; one combined row per backend.
+    assert [(r["round"], r["backend"]) for r in data["rounds"]] == \
+        [(0, "mccl"), (0, "gloo"), (1, "gloo"), (1, "mccl"), (2, "mccl"), (2, "gloo")]
+    assert sorted(r["backend"] for r in data["results"]) == ["gloo", "mccl"]
+    for r in data["results"]:
+        assert len(r["rounds_time_us"]) == 3 and r["time_us"] == sorted(r["rounds_time_us"])[1] and r["wrong"] == 0
+    assert "every round" in out
+
+
 def test_under_torchrun():
     """Rank mode: torchrun starts the ranks, the benchmark only runs them."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -255,6 +255,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="where the tensors under test live (cuda: device LOCAL_RANK %% device_count; the check "
                         "compares on the CPU, every timed iteration ends with torch.cuda.synchronize())")
     g = p.add_argument_group("iterations")
+    g.add_argument("--rounds", type=_cli.int_at_least(1), default=1,
+                   help="measure everything this many times, the backends alternating round by round; "
+                        "tables show each size's median round, and every round with the spread")
     g.add_argument("-w", "--warmup", type=_cli.int_at_least(0), default=3, help="untimed iterations before timing")
     g.add_argument("-n", "--iters", type=_cli.int_at_least(1), default=None,
                    help="timed iterations per size (default: scaled by size, see --bytes-per-size)")
@@ -384,6 +387,33 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
     return row
 
 
+def combine_rounds(every: list[dict]) -> list[dict]:
+    """One row per (collective, size, backend) from several rounds: the round of median time
+    (the lower median for an even count), with every round's time and busbw, the spread
+    (max - min) / median of the times in percent, and the wrong elements of all rounds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in every:
+        groups.setdefault((r["op"], r["size"], r["backend"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        timed = [r for r in rs if "time_us" in r]
+        if len(timed) < len(rs):  # an error or a refusal in some round: report that round
+            out.append(next(r for r in rs if "time_us" not in r))
+            continue
+        timed.sort(key=lambda r: r["time_us"])
+        row = dict(timed[(len(timed) - 1) // 2])
+        times = [r["time_us"] for r in rs]
+        row["rounds_time_us"] = times
+        row["rounds_busbw"] = [r["busbw"] for r in rs]
+        if "busbw_pct_goodput" in row:
+            row["rounds_busbw_pct_goodput"] = [r["busbw_pct_goodput"] for r in rs]
+        row["spread_pct"] = 100 * (max(times) - min(times)) / row["time_us"]
+        row["wrong"] = sum(r.get("wrong", 0) for r in rs)
+        del row["round"]
+        out.append(row)
+    return out
+
+
 def main(args) -> int:
     """Rank mode: run every (collective, size, backend); rank 0 prints the tables and writes files."""
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
@@ -401,21 +431,33 @@ def main(args) -> int:
     if rank0:
         report.print_header(meta, args)
     rng = random.Random(1234 + groups.rank)
-    rows = []
-    for coll in ops:
-        for size in sizes:
-            for backend in backends:
-                row = measure(coll, backend, groups.by_backend[backend], groups, size, args, rng, dev)
-                if goodput and "busbw" in row:
-                    row["busbw_pct_goodput"] = 100 * row["busbw"] * 1e9 * 8 / goodput["bits_per_s"]
-                rows.append(row)
-                if rank0 and not args.quiet:
-                    report.print_progress_row(row)
+    every = []
+    meta["rounds"] = args.rounds
+    for rnd in range(args.rounds):
+        # Backends alternate round by round (and take turns going first), so that a drift of the
+        # machine or the link over the run falls on each of them alike.
+        order = backends if rnd % 2 == 0 else backends[::-1]
+        for coll in ops:
+            for size in sizes:
+                for backend in order:
+                    row = measure(coll, backend, groups.by_backend[backend], groups, size, args, rng, dev)
+                    row["round"] = rnd
+                    if goodput and "busbw" in row:
+                        row["busbw_pct_goodput"] = 100 * row["busbw"] * 1e9 * 8 / goodput["bits_per_s"]
+                    every.append(row)
+                    if rank0 and not args.quiet:
+                        report.print_progress_row(row)
+    rows = combine_rounds(every) if args.rounds > 1 else every
     meta["loadavg_end"] = os.getloadavg()
     if rank0:
         report.print_tables(rows, backends, meta)
+        if args.rounds > 1:
+            report.print_rounds(rows, backends)
         if args.json:
-            runtime.write_json(args.json, {"meta": meta, "results": rows})
+            out = {"meta": meta, "results": rows}
+            if args.rounds > 1:
+                out["rounds"] = every
+            runtime.write_json(args.json, out)
             print(f"# wrote {args.json}")
         if args.plot:
             report.plot(rows, backends, meta, args.plot)

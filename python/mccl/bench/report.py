@@ -71,6 +71,31 @@ def _cpu(row: dict) -> str:
     return f"{_f(row.get('cpu_engine_pct'), '.0f')} / {_f(row.get('cpu_proc_pct'), '.0f')}"
 
 
+def print_rounds(rows: list[dict], backends: list[str]) -> None:
+    """Per collective and size, each backend's busbw (or % of goodput) in every round and the
+    spread of its times: the evidence behind a "faster" or "parity" read off the median."""
+    con = console()
+    for op in dict.fromkeys(r["op"] for r in rows):
+        t = Table(title=f"{op}: every round (median in the table above)", title_justify="left")
+        t.add_column("size (B)", justify="right")
+        pct = any("rounds_busbw_pct_goodput" in r for r in rows if r["op"] == op)
+        for b in backends:
+            t.add_column(f"{b}\n{'%goodput' if pct else 'busbw GB/s'} by round", justify="right")
+            t.add_column(f"{b}\nspread %", justify="right")
+        by = {(r["size"], r["backend"]): r for r in rows if r["op"] == op}
+        for size in dict.fromkeys(r["size"] for r in rows if r["op"] == op):
+            cells = [str(size)]
+            for b in backends:
+                r = by.get((size, b), {})
+                vals = r.get("rounds_busbw_pct_goodput" if pct else "rounds_busbw")
+                if vals is None:
+                    cells += ["-", "-"]
+                    continue
+                cells += [" / ".join(f"{v:.1f}" if pct else f"{v:.3f}" for v in vals), f"{r['spread_pct']:.1f}"]
+            t.add_row(*cells)
+        con.print(t)
+
+
 def print_tables(rows: list[dict], backends: list[str], meta: dict) -> None:
     """Per collective: the nccl-tests table with the backends side by side (and busbw ratio of the
     first backend to the second), then a detail table: mean time, iterations, CPU, memory."""
