@@ -42,7 +42,8 @@ void mcclLog(mcclLogLevel level, mcclSubsys sub, const char* file, int line, con
   do {                                                                                \
     mcclResult_t res_ = (call);                                                       \
     if (res_ != mcclSuccess && res_ != mcclInProgress) {                              \
-      INFO(MCCL_SUB_ALL, "%s -> %s", #call, mcclGetErrorString(res_));                \
+      INFO(MCCL_SUB_ALL, "%s: a step failed (%s), so it returns that error", __func__,  \
+           mcclGetErrorString(res_));                                                 \
       return res_;                                                                    \
     }                                                                                 \
   } while (0)
@@ -51,7 +52,8 @@ void mcclLog(mcclLogLevel level, mcclSubsys sub, const char* file, int line, con
   do {                                                                                \
     (res) = (call);                                                                   \
     if ((res) != mcclSuccess && (res) != mcclInProgress) {                            \
-      INFO(MCCL_SUB_ALL, "%s -> %s", #call, mcclGetErrorString(res));                 \
+      INFO(MCCL_SUB_ALL, "%s: a step failed (%s), so it stops and cleans up", __func__, \
+           mcclGetErrorString(res));                                                  \
       goto label;                                                                     \
     }                                                                                 \
   } while (0)
