@@ -15,6 +15,10 @@
  * mcclTransportSettle, called before the owner reports a collective as succeeded, fails it when a
  * peer's notice that it did not complete it is already readable.
  *
+ * Files: tcp_connect.c opens the mesh (mcclTransportInit, mcclTransportFromFds), tcp.c is the
+ * data path (posting, the sender thread, progress), tcp_fail.c the failure side (mcclTransportFail,
+ * mcclTransportSettle, mcclTransportUnread, mcclTransportClose).
+ *
  * Threading: a transport is owned by its communicator's engine thread; only mcclTransportWake
  * may be called from other threads. After mcclTransportStartSender the sending side runs on a
  * thread of its own (the producer/consumer split: the owner posts sends and is woken as they

@@ -42,7 +42,7 @@
 #define MCCL_MAX_ABORT_REASON 512
 
 /* READY: after the handshake, sent on every connection once the sender's whole mesh is open, so
- * that no rank finishes init while another gives up (tcp.c meshReady); rank: the sender, target:
+ * that no rank finishes init while another gives up (tcp_connect.c meshReady); rank: the sender, target:
  * the receiver, every other field as in its hello. */
 enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2, MCCL_HELLO_KIND_READY = 3 };
 /* DATA: a collective's frame, matched in order against the receives the algorithm posted.

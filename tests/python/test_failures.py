@@ -383,7 +383,7 @@ def _init_once_held(rank: int, world_size: int) -> dict:
 
 
 FLOOD_TIMEOUT_S = 15
-FLOOD = 300  # more than the 256 unauthenticated connections a listener holds (tcp.c)
+FLOOD = 300  # more than the 256 unauthenticated connections a listener holds (tcp_connect.c)
 
 
 def test_many_half_open_connections_do_not_lock_ranks_out():
