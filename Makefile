@@ -28,7 +28,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(BUILD)/tests/%)
 TEST_COMMON := tests/c/harness.c
 
-.PHONY: all lib ctest check-noabort clean venv install train test posix-check asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci
+.PHONY: all lib ctest check-noabort clean venv install train test posix-check asan tsan fuzz fuzz-smoke fuzz-run fuzz-corpus ci print-build
 all: lib
 lib: $(BUILD)/libmccl.a $(BUILD)/libmccl.so
 
@@ -67,8 +67,16 @@ ctest: $(CTEST_BINS) check-noabort
 check-noabort: $(BUILD)/libmccl.a
 	tests/c/check_noabort.sh $(BUILD)/libmccl.a
 
+# The library's compiler and flags, for the extension's build record (setup.py writes them into
+# mccl/_build_info.py; python -m mccl.info prints them).
+print-build:
+	@echo "CC=$(CC)"
+	@echo "CC_VERSION=$$($(CC) --version 2>/dev/null | head -n 1)"
+	@echo "CFLAGS=$(strip $(CFLAGS))"
+
 clean:
-	rm -rf $(BUILD) build-posix build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so
+	rm -rf $(BUILD) build-posix build-asan build-tsan build-fuzz *.egg-info python/*.egg-info python/mccl/*.so \
+	  python/mccl/_build_info.py dist
 
 # ---- strict POSIX build (macOS readiness: csrc/core/platform.h) ---------------------------------
 # Every csrc/*/*.c compiled once more as C11 + POSIX.1-2008 only (no _GNU_SOURCE), which selects

@@ -16,7 +16,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _torch_guard
+
+_torch_guard.check_torch(torch.__version__)  # before _C loads: under another torch it could abort
+
+from . import _C  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "DEVICES", "version"]
 
