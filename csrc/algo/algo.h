@@ -55,6 +55,7 @@ typedef struct mcclAlgoCtx {
   int alltoall_window;     /* MCCL_ALLTOALL_WINDOW: pairwise all-to-all steps in flight (0: all,
                               -1: chosen by single_host) */
   int single_host;         /* every rank on this machine (mcclTransportSingleHost) */
+  unsigned plans_logged[16]; /* per collective kind: the plans (bits) already logged (select.c) */
 } mcclAlgoCtx;
 
 /* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may

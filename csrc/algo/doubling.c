@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "algo/select.h"
 #include "core/debug.h"
 #include "reduce/reduce.h"
 
@@ -237,18 +238,11 @@ mcclResult_t mcclAlgoBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks;
   const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
   if (n == 1 || bytes == 0) return mcclSuccess;
-  /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
-   * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain wins
-   * once S > n s. On two ranks the chain is the direct send. */
-  int chain = op->algorithm == mcclAlgoRing ||
-              (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold &&
-               (n == 2 || op->count < (size_t)n || bytes >= (size_t)n * ctx->segment_bytes));
-  if (chain) return mcclRingBroadcast(ctx, op);
-  int L = 0;
-  while ((1 << L) < n) L++;
-  int scatter = op->algorithm == mcclAlgoAuto && op->count >= (size_t)n &&
-                ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)MCCL_ALPHA_BETA_BYTES;
-  return scatter ? scatterBroadcast(ctx, op) : treeBroadcast(ctx, op);
+  switch (mcclAlgoSelect(ctx, op).kind) { /* select.c says when each pays */
+    case MCCL_PLAN_CHAIN: return mcclRingBroadcast(ctx, op);
+    case MCCL_PLAN_SCATTER_ALLGATHER: return scatterBroadcast(ctx, op);
+    default: return treeBroadcast(ctx, op);
+  }
 }
 
 /* Dissemination barrier (Hensgen, Finkel & Manber): in round k every rank sends an empty frame

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "algo/select.h"
 #include "core/trace.h"
 #include "core/debug.h"
 #include "reduce/reduce.h"
@@ -296,9 +297,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     if (op->sendbuf != own) memmove(own, op->sendbuf, op->count * esz);
     return mcclSuccess;
   }
-  const size_t total = op->count * esz * (size_t)n;
-  if (op->algorithm == mcclAlgoTree || (op->algorithm == mcclAlgoAuto && total < ctx->ring_threshold))
-    return mcclBruckAllGather(ctx, op);
+  if (mcclAlgoSelect(ctx, op).kind == MCCL_PLAN_BRUCK) return mcclBruckAllGather(ctx, op);
   const int nsteps = n - 1;
   int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
   uint8_t* flags = calloc((size_t)nsteps * 2, 1);

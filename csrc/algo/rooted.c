@@ -7,13 +7,11 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "algo/select.h"
 #include "core/debug.h"
 #include "reduce/reduce.h"
 
-static int useRing(const mcclAlgoCtx* ctx, const mcclOp* op, size_t bytes) {
-  if (op->algorithm == mcclAlgoRing) return 1;
-  return op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold;
-}
+static int useRing(mcclAlgoCtx* ctx, const mcclOp* op) { return mcclAlgoSelect(ctx, op).kind == MCCL_PLAN_RING; }
 
 /* Binomial-tree reduce toward root, the broadcast tree run backwards: in virtual ranks
  * v = (r - root) mod n, rank v first combines the partial results of its children v + 2^j
@@ -52,7 +50,7 @@ mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     return mcclSuccess;
   }
   mcclResult_t res;
-  if (useRing(ctx, op, bytes) && op->count >= (size_t)ctx->nranks) {
+  if (useRing(ctx, op)) {
     char* work = mcclAlgoWork(ctx, bytes);
     if (work == NULL) return mcclAlgoOutOfMemory(ctx, bytes);
     res = mcclRingReduce(ctx, op, work);
@@ -77,7 +75,7 @@ mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
   }
   char* work = mcclAlgoWork(ctx, total);
   if (work == NULL) return mcclAlgoOutOfMemory(ctx, total);
-  if (useRing(ctx, op, total)) return mcclRingReduceScatter(ctx, op, work);
+  if (useRing(ctx, op)) return mcclRingReduceScatter(ctx, op, work);
   mcclOp whole = *op;
   whole.recvbuf = work;
   whole.count = op->count * (size_t)n;
@@ -170,16 +168,7 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
 #undef SDISPL
 #undef RCOUNT
 #undef RDISPL
-  /* Across a network, every step at once means n-1 senders into each receiver's link at once
-   * (incast: queues build up and some flows finish late). A step of a larger block should take at
-   * least twice the latency it adds: blocks of 2 x alpha x beta and up (MCCL_ALPHA_BETA_BYTES)
-   * run MCCL_ALLTOALL_WINDOW steps at a time (default 1). Small blocks are latency-bound, and on
-   * one machine there is no link to share, only CPU: every step at once unless MCCL_ALLTOALL_WINDOW
-   * says otherwise (bench/NOTES.md has the numbers). */
-  size_t sent = 0;
-  for (int i = 0; i < nio; i += 2) sent += ios[i].bytes;
-  int window = ctx->alltoall_window >= 0 ? ctx->alltoall_window : (ctx->single_host ? 0 : 1);
-  if (sent / (size_t)(n - 1) < 2 * MCCL_ALPHA_BETA_BYTES) window = 0;
+  int window = mcclAlgoSelect(ctx, op).window; /* steps in flight: select.c says why */
   /* All-to-all frames carry each pair's count: with uniform counts every rank hears every
    * other's directly, but all-to-allv counts differ per pair, so a mismatch between two other
    * ranks needs their confirmations to reach this one. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "algo/select.h"
 #include "core/debug.h"
 
 /* Grow geometrically so a run of growing messages reallocates only a few times. */
@@ -282,9 +283,5 @@ void mcclAnnounceEnd(mcclAnnouncement* a) {
 }
 
 mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
-  size_t bytes = op->count * mcclDataTypeSize(op->dtype);
-  int ring = op->algorithm == mcclAlgoRing ||
-             (op->algorithm == mcclAlgoAuto && bytes >= ctx->ring_threshold &&
-              op->count >= (size_t)ctx->nranks);
-  return ring ? mcclRingAllReduce(ctx, op) : mcclDoublingAllReduce(ctx, op);
+  return mcclAlgoSelect(ctx, op).kind == MCCL_PLAN_RING ? mcclRingAllReduce(ctx, op) : mcclDoublingAllReduce(ctx, op);
 }

@@ -50,6 +50,9 @@ static mcclParam params[] = {
     /* A path prefix: each communicator writes a Chrome trace of its collectives and links to
      * <prefix>.<communicator>.rank<r>.json (core/trace.h). Unset: no tracing. */
     {"MCCL_TRACE", 0, 0, 0, 1, NULL, 0},
+    /* "ring" or "tree"/"doubling": every collective uses that family (algo/select.h), as
+     * NCCL_ALGO does; unset: chosen by size. Every rank of a job must be given the same. */
+    {"MCCL_ALGO", 0, 0, 0, 1, NULL, 0},
     /* Events a trace keeps per communicator (64 bytes each); later ones are counted, not kept. */
     {"MCCL_TRACE_EVENTS", 1 << 20, 1, (int64_t)1 << 28, 0, NULL, 0},
 };

@@ -1,0 +1,136 @@
+/* select.c: every algorithm choice of the library (select.h explains the rules). */
+#include "algo/select.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/debug.h"
+#include "core/param.h"
+#include "transport/wire.h"
+
+static const char* const kPlanName[MCCL_PLAN_KINDS] = {
+    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "linear", "dissemination"};
+
+const char* mcclPlanName(mcclPlanKind kind) {
+  return (unsigned)kind < MCCL_PLAN_KINDS ? kPlanName[kind] : "unknown";
+}
+
+static pthread_once_t forced_once = PTHREAD_ONCE_INIT;
+static mcclAlgorithm_t forced = mcclAlgoAuto;
+
+static void readForced(void) {
+  const char* v = mcclParamString("MCCL_ALGO");
+  if (v == NULL || v[0] == '\0') return;
+  if (strcasecmp(v, "ring") == 0) forced = mcclAlgoRing;
+  else if (strcasecmp(v, "tree") == 0 || strcasecmp(v, "doubling") == 0) forced = mcclAlgoTree;
+  else WARN("MCCL_ALGO=%s is not 'ring', 'tree' or 'doubling'; the algorithms are chosen by size", v);
+}
+
+mcclAlgorithm_t mcclAlgoForced(void) {
+  pthread_once(&forced_once, readForced);
+  return forced;
+}
+
+static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, window}; }
+
+static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {
+  const int n = ctx->nranks;
+  const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
+  const int forced_ring = algo == mcclAlgoRing, forced_tree = algo == mcclAlgoTree;
+  const int auto_big = algo == mcclAlgoAuto && bytes >= ctx->ring_threshold;
+  switch (op->coll) {
+    case MCCL_COLL_ALLREDUCE:
+      /* The ring needs a chunk per rank: fewer elements than ranks take doubling. */
+      if (forced_ring || (auto_big && op->count >= (size_t)n)) {
+        *why = forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
+        return plan(MCCL_PLAN_RING, 0);
+      }
+      *why = forced_tree ? "forced" : "small";
+      return plan(MCCL_PLAN_DOUBLING, 0);
+    case MCCL_COLL_BROADCAST: {
+      /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
+       * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain
+       * wins once S > n s. On two ranks the chain is the direct send. */
+      if (forced_ring || (auto_big && (n == 2 || op->count < (size_t)n || bytes >= (size_t)n * ctx->segment_bytes))) {
+        *why = forced_ring ? "forced" : "large: S > n x segment (or 2 ranks)";
+        return plan(MCCL_PLAN_CHAIN, 0);
+      }
+      /* Scatter + all-gather moves 2 (n-1)/n S against the tree's log2(n) S: it pays once the
+       * bytes saved outweigh its extra rounds' latency. */
+      int L = 0;
+      while ((1 << L) < n) L++;
+      if (algo == mcclAlgoAuto && op->count >= (size_t)n &&
+          ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)MCCL_ALPHA_BETA_BYTES) {
+        *why = "(log2 n - 2(n-1)/n) S > alpha x beta";
+        return plan(MCCL_PLAN_SCATTER_ALLGATHER, 0);
+      }
+      *why = forced_tree ? "forced" : "small";
+      return plan(MCCL_PLAN_TREE, 0);
+    }
+    case MCCL_COLL_ALLGATHER: /* the whole gathered array decides */
+      if (forced_tree || (algo == mcclAlgoAuto && bytes * (size_t)n < ctx->ring_threshold)) {
+        *why = forced_tree ? "forced" : "small";
+        return plan(MCCL_PLAN_BRUCK, 0);
+      }
+      *why = forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
+      return plan(MCCL_PLAN_RING, 0);
+    case MCCL_COLL_REDUCE_SCATTER: /* count is per rank: the whole input decides */
+      if (forced_ring || (algo == mcclAlgoAuto && bytes * (size_t)n >= ctx->ring_threshold)) {
+        *why = forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
+        return plan(MCCL_PLAN_RING, 0);
+      }
+      *why = forced_tree ? "forced" : "small";
+      return plan(MCCL_PLAN_DOUBLING, 0);
+    case MCCL_COLL_REDUCE:
+      if ((forced_ring || auto_big) && op->count >= (size_t)n) {
+        *why = forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
+        return plan(MCCL_PLAN_RING, 0);
+      }
+      *why = forced_tree ? "forced" : "small";
+      return plan(MCCL_PLAN_TREE, 0);
+    case MCCL_COLL_ALLTOALL: {
+      /* Across a network, every step at once means n-1 senders into each receiver's link at once
+       * (incast: queues build up and some flows finish late). A step of a larger block should take
+       * at least twice the latency it adds: blocks of 2 x alpha x beta and up run
+       * MCCL_ALLTOALL_WINDOW steps at a time (default 1). Small blocks are latency-bound, and on
+       * one machine there is no link to share, only CPU: every step at once unless
+       * MCCL_ALLTOALL_WINDOW says otherwise (bench/NOTES.md has the numbers). */
+      size_t sent = 0;
+      if (op->v != NULL) {
+        for (int p = 0; p < n; p++)
+          if (p != ctx->rank) sent += op->v[p] * esz;
+      } else {
+        sent = bytes * (size_t)(n - 1);
+      }
+      int window = ctx->alltoall_window >= 0 ? ctx->alltoall_window : (ctx->single_host ? 0 : 1);
+      if (n < 2 || sent / (size_t)(n - 1) < 2 * MCCL_ALPHA_BETA_BYTES) {
+        *why = "blocks below 2 x alpha x beta: every step at once";
+        return plan(MCCL_PLAN_PAIRWISE, 0);
+      }
+      *why = ctx->alltoall_window >= 0 ? "MCCL_ALLTOALL_WINDOW" : ctx->single_host ? "one host" : "across hosts";
+      return plan(MCCL_PLAN_PAIRWISE, window);
+    }
+    case MCCL_COLL_GATHER:
+    case MCCL_COLL_SCATTER:
+      *why = "every block crosses root's link once";
+      return plan(MCCL_PLAN_LINEAR, 0);
+    default:
+      *why = "log2 n rounds";
+      return plan(MCCL_PLAN_DISSEMINATION, 0);
+  }
+}
+
+mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op) {
+  mcclAlgorithm_t algo = op->algorithm != mcclAlgoAuto ? op->algorithm : mcclAlgoForced();
+  const char* why = "";
+  mcclPlan p = choose(ctx, op, algo, &why);
+  unsigned coll = op->coll < 16 ? op->coll : 15;
+  if (!(ctx->plans_logged[coll] & (1u << p.kind))) {
+    ctx->plans_logged[coll] |= 1u << p.kind;
+    INFO(MCCL_SUB_COLL, "rank %d/%d: %s of %zu %s runs as %s (%s%s); later ones of this kind that choose the same "
+         "are not logged", ctx->rank, ctx->nranks, mcclCollName(op->coll), op->count, mcclDtypeName(op->dtype),
+         mcclPlanName(p.kind), why, algo != op->algorithm ? ", MCCL_ALGO" : "");
+  }
+  return p;
+}

@@ -1,0 +1,56 @@
+/*
+ * select.h: the one place where MCCL chooses how a collective runs (layer "algo"; issue 18).
+ *
+ * Every rank must make the same choice for the same collective, or their frames would not match
+ * (the mismatch check then fails every rank, naming the difference): so the plan's kind depends
+ * only on what every rank knows alike: the collective, its element count and type, the world
+ * size, the per-call option (mcclOpOptions_t.algorithm), and parameters every rank of a job must
+ * be given the same (MCCL_ALGO, MCCL_RING_THRESHOLD, MCCL_SEGMENT_BYTES). An all-to-all's window
+ * (steps in flight) is this rank's own business (it changes no frame) and may differ: it follows
+ * the bytes this rank sends, MCCL_ALLTOALL_WINDOW and single_host.
+ *
+ * The model behind the thresholds is Hockney's alpha-beta (docs/algorithms.md): a message of S
+ * bytes costs alpha + S/beta; MCCL_ALPHA_BETA_BYTES is alpha x beta of switched 10 GbE. Rings are
+ * bandwidth-optimal (each rank moves 2(n-1)/n S for an all-reduce; Patarasuk & Yuan 2009) but take
+ * 2(n-1) steps; recursive doubling and Bruck take ceil(log2 n) rounds of larger messages (Thakur,
+ * Rabenseifner & Gropp 2005), so small messages take them and large ones the ring, from
+ * MCCL_RING_THRESHOLD bytes (default 256 KiB).
+ */
+#ifndef MCCL_SELECT_H_
+#define MCCL_SELECT_H_
+
+#include "algo/algo.h"
+
+typedef enum {
+  MCCL_PLAN_RING = 0,          /* pipelined ring: all-reduce (reduce-scatter + all-gather),
+                                  all-gather, reduce-scatter, reduce (reduce-scatter + gather) */
+  MCCL_PLAN_DOUBLING,          /* recursive doubling: all-reduce; reduce-scatter over a copy of
+                                  the whole input */
+  MCCL_PLAN_BRUCK,             /* all-gather in ceil(log2 n) rounds */
+  MCCL_PLAN_CHAIN,             /* broadcast: a pipelined chain of segments */
+  MCCL_PLAN_SCATTER_ALLGATHER, /* broadcast: scatter, then a ring all-gather */
+  MCCL_PLAN_TREE,              /* broadcast, reduce: a binomial tree */
+  MCCL_PLAN_PAIRWISE,          /* all-to-all(v): pairwise exchange, `window` steps at a time */
+  MCCL_PLAN_LINEAR,            /* gather, scatter: root exchanges with every rank at once */
+  MCCL_PLAN_DISSEMINATION,     /* barrier */
+  MCCL_PLAN_KINDS
+} mcclPlanKind;
+
+typedef struct {
+  mcclPlanKind kind;
+  int window; /* MCCL_PLAN_PAIRWISE: steps in flight (0: all n - 1) */
+} mcclPlan;
+
+/* How `op` runs on this communicator. Logs each (collective, plan) pair the first time the
+ * communicator uses it, at INFO (subsystem COLL), with the reason. */
+mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op);
+
+/* "ring", "doubling", ...: a plan's name, as MCCL_ALGO and the log spell it. */
+const char* mcclPlanName(mcclPlanKind kind);
+
+/* The collective's algorithm forced by MCCL_ALGO for the whole process (mcclAlgoAuto when unset):
+ * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, any case; another value is a
+ * warning and changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
+mcclAlgorithm_t mcclAlgoForced(void);
+
+#endif

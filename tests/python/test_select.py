@@ -1,0 +1,65 @@
+"""Algorithm choice (csrc/algo/select.c, issue 18): MCCL_ALGO forces a family for every
+collective, as NCCL_ALGO does, the choice is logged once per collective kind at INFO, and results
+stay exact whatever runs."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distributed import check_ok, run_ranks
+
+
+def _run(rank: int, world_size: int) -> dict:
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        small, big = torch.full((16,), float(rank + 1)), torch.full((1 << 18,), float(rank + 1))
+        dist.all_reduce(small)
+        dist.all_reduce(big)
+        out = torch.empty(16 * world_size)
+        dist.all_gather_into_tensor(out, torch.full((16,), float(rank)))
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    want = world_size * (world_size + 1) / 2
+    exact = bool((small == want).all() and (big == want).all()) and torch.equal(
+        out, torch.arange(world_size, dtype=torch.float32).repeat_interleave(16))
+    return {"exact": exact, "log": log.read().decode(errors="replace")}
+
+
+def _plans(log: str, coll: str) -> set[str]:
+    """The plans logged for collective `coll`: "ring (forced, MCCL_ALGO)", ..."""
+    return {l.split(" runs as ")[1].split(";")[0] for l in log.splitlines() if f"{coll} of " in l and " runs as " in l}
+
+
+@pytest.mark.parametrize("algo, allreduce, allgather", [
+    # By size: the 16-element all-reduce takes doubling, the 256 Ki-element one the ring.
+    (None, {"doubling (small)", "ring (size >= MCCL_RING_THRESHOLD)"}, {"bruck (small)"}),
+    ("ring", {"ring (forced, MCCL_ALGO)"}, {"ring (forced, MCCL_ALGO)"}),
+    ("tree", {"doubling (forced, MCCL_ALGO)"}, {"bruck (forced, MCCL_ALGO)"}),
+])
+def test_mccl_algo_forces_and_logs_the_choice(algo, allreduce, allgather):
+    env = {"MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}
+    if algo:
+        env["MCCL_ALGO"] = algo
+    for r, v in enumerate(check_ok(run_ranks(_run, 3, env=env, deadline_s=60))):
+        assert v["exact"], r
+        assert _plans(v["log"], "allreduce") == allreduce, v["log"]
+        assert _plans(v["log"], "allgather") == allgather, v["log"]
+        # Each (collective, plan) is logged once per communicator, however often it runs.
+        lines = [l.split(" MCCL INFO ")[1] for l in v["log"].splitlines() if " runs as " in l]
+        assert len(lines) == len(allreduce) + len(allgather), lines
+
+
+def test_unknown_mccl_algo_is_a_warning_and_changes_nothing():
+    env = {"MCCL_ALGO": "bogus", "MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}
+    for v in check_ok(run_ranks(_run, 2, env=env, deadline_s=60)):
+        assert v["exact"]
+        assert "MCCL_ALGO=bogus is not 'ring', 'tree' or 'doubling'" in v["log"], v["log"]
+        assert "allreduce of 16 float32 runs as doubling (small)" in v["log"], v["log"]
