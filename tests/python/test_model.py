@@ -1,0 +1,221 @@
+"""mccl.model: the cost models, the fit, the paper's crossovers and the command line (no ranks)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mccl import model
+from mccl.model import Params, Point
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(REPO, "bench", "results", "device-20261130-162331", "collectives.json")
+
+# Rounds of recursive doubling, counted by hand from csrc/algo/doubling.c (fold in, log2 p, fold out).
+ROUNDS = {2: 1, 3: 3, 4: 2, 5: 4, 6: 4, 7: 4, 8: 3, 16: 4, 24: 6}
+
+
+def write_bench(path, alpha, beta, hosts, sizes, threshold=256 * 1024, extra_rows=()):
+    """A mccl.bench JSON file whose times follow the paper's ring and doubling exactly."""
+    rows = []
+    for n in hosts:
+        for S in sizes:
+            if S >= threshold:
+                t = 2 * (n - 1) * max(alpha, S / n / beta)
+            else:
+                t = ROUNDS[n] * (alpha + S / beta)
+            rows.append({"op": "all_reduce", "backend": "mccl", "size": S, "count": S // 4, "nranks": n,
+                         "time_us": t * 1e6, "busbw": S / t * 2 * (n - 1) / n / 1e9})
+    rows += list(extra_rows)
+    meta = {"world_size": max(hosts), "env": {}, "goodput": {"bits_per_s": beta * 8}}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": rows}, f)
+    return path
+
+
+SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB .. 256 MiB
+
+
+def test_synthetic_fit_recovers_alpha_beta(tmp_path):
+    alpha, beta = 57e-6, 0.62e9
+    path = write_bench(tmp_path / "b.json", alpha, beta, [3, 4, 8, 16], SIZES, extra_rows=[
+        {"op": "all_reduce", "backend": "gloo", "size": 1024, "nranks": 4, "time_us": 1.0},  # other backend
+        {"op": "all_gather", "backend": "mccl", "size": 1024, "nranks": 4, "time_us": 1.0},  # other op
+        {"op": "all_reduce", "backend": "mccl", "size": 4096, "nranks": 4, "error": "rank 1: boom"},
+        {"op": "all_reduce", "backend": "mccl", "size": 4096, "nranks": 4, "time_us": 9e9, "skew_ms": 5.0},
+    ])
+    pts, goodputs = model.points_from([str(path)])
+    assert goodputs == [beta]
+    assert len(pts) == 4 * len(SIZES)
+    assert {q.algo for q in pts if q.size >= 256 * 1024} == {"ring"}
+    for algo in ("ring", "doubling"):
+        f = model.fit(pts, algo)
+        assert f.alpha_identified
+        assert f.params.alpha == pytest.approx(alpha, rel=1e-6)
+        assert f.params.beta == pytest.approx(beta, rel=1e-6)
+        assert max(abs(f.rel_err)) < 1e-6
+    # Some ring points are latency-bound (256 KiB on 16 hosts: 16 KiB chunks, 26 us < 57 us), some not.
+    ring = [q for q in pts if q.algo == "ring"]
+    assert any(q.size / q.nranks / beta < alpha for q in ring) and any(q.size / q.nranks / beta > alpha for q in ring)
+
+
+def test_synthetic_fit_with_segment_and_overhead():
+    p = Params(40e-6, 1.1e9, segment=256 * 1024, overhead=30e-6)
+    pts = [Point(S, n, float(model.ring_time(S, n, p)), "ring") for n in (2, 5, 8, 24) for S in SIZES[3:]]
+    pts += [Point(S, n, float(model.doubling_time(S, n, p)), "doubling") for n in (2, 5, 8, 24) for S in SIZES[:4]]
+    for algo in ("ring", "doubling"):
+        f = model.fit(pts, algo, segment=256 * 1024, overhead=True)
+        assert f.params.alpha == pytest.approx(p.alpha, rel=1e-6)
+        assert f.params.beta == pytest.approx(p.beta, rel=1e-6)
+        assert f.params.overhead == pytest.approx(p.overhead, rel=1e-6)
+
+
+def test_alpha_not_identified_when_every_point_is_bandwidth_bound():
+    p = Params(10e-6, 1e9)
+    pts = [Point(S, 8, float(model.ring_time(S, 8, p)), "ring") for S in SIZES[6:]]  # chunks >= 512 KiB
+    f = model.fit(pts, "ring")
+    assert not f.alpha_identified and f.params.alpha == 0
+    assert f.params.beta == pytest.approx(1e9, rel=1e-9)
+    assert f.alpha_bound == pytest.approx(SIZES[6] / 8 / 1e9, rel=1e-9)  # the smallest chunk's time
+
+
+def test_holdout_predicts_exact_data_exactly():
+    p = Params(50e-6, 1e9)
+    pts = [Point(S, n, float(model.ring_time(S, n, p)), "ring") for n in (4, 8, 16) for S in SIZES[5:]]
+    for how in ("point", "size", "hosts"):
+        f = model.fit(pts, "ring", holdout=how)
+        assert f.holdout is not None and max(abs(f.holdout)) < 1e-6, how
+    with pytest.raises(model.ModelError, match="two or more host counts"):
+        model.fit([Point(S, 8, 1e-3 + S / 1e9, "doubling") for S in SIZES[:4]], "doubling", overhead=True)
+
+
+def test_paper_crossovers():
+    a, b = model.PAPER_ALPHA_S, model.PAPER_BETA_BPS
+    assert (a, b) == (306e-6, 1.238e9)
+    for S, hosts in ((25e6, 65.993), (50e6, 131.986), (25 * 2 ** 20, 69.198), (50 * 2 ** 20, 138.397)):
+        nstar = model.crossover_hosts(S, model.PAPER)
+        assert nstar == S / (a * b)
+        assert nstar == pytest.approx(hosts, abs=0.001)
+        # Bandwidth-bound (busbw == goodput) up to floor(n*), latency-bound above it.
+        n = math.floor(nstar)
+        assert float(model.busbw(S, n, model.ring_time(S, n, model.PAPER))) == pytest.approx(b, rel=1e-12)
+        above = float(model.busbw(S, n + 1, model.ring_time(S, n + 1, model.PAPER)))
+        assert above == pytest.approx(b * nstar / (n + 1), rel=1e-12) and above < b
+    # The issue's acceptance ranges and the paper's wording (section 7).
+    assert 60 <= model.crossover_hosts(25e6, model.PAPER) <= 75
+    assert 120 <= model.crossover_hosts(50e6, model.PAPER) <= 140
+    bw100 = float(model.busbw(50e6, 100, model.ring_time(50e6, 100, model.PAPER)))
+    assert bw100 == pytest.approx(1.238e9, rel=1e-12)  # "holds 1.23 GB/s at 100 nodes"
+    additive = replace_segment(model.PAPER, math.inf)
+    assert float(model.busbw(50e6, 100, model.ring_time(50e6, 100, additive))) == pytest.approx(0.704e9, rel=1e-3)
+    # MCCL's 256 KiB segments: the crossover moves to S / (alpha*beta + segment).
+    seg = replace_segment(model.PAPER, 256 * 1024)
+    assert model.crossover_hosts(25e6, seg) == pytest.approx(25e6 / (a * b + 262144))
+    assert round(model.crossover_hosts(25e6, seg)) == 39
+
+
+def replace_segment(p, segment):
+    return Params(p.alpha, p.beta, segment, p.overhead)
+
+
+@pytest.mark.parametrize("p", [model.PAPER, Params(50e-6, 0.62e9, 256 * 1024), Params(5e-6, 2e9, math.inf, 1e-5)])
+def test_two_level_with_one_group_is_the_flat_ring(p):
+    for n in (1, 2, 3, 8, 24, 70, 128, 256):
+        for S in (1e3, 25e6, 50e6, 3 * 2 ** 28):
+            flat = float(model.ring_time(S, n, p))
+            assert model.two_level_time(S, [n], p) == flat
+            assert model.two_level_time(S, [1] * n, p) == pytest.approx(flat, rel=1e-12)
+
+
+def test_two_level_even_groups_by_hand():
+    a, b, S = 306e-6, 1.238e9, 25e6
+    t = model.two_level_time(S, [16] * 16, model.PAPER)
+    assert t == pytest.approx(2 * 15 * (S / 16 / b) + 2 * 15 * a, rel=1e-12)  # intra bandwidth-, inter latency-bound
+    # Uneven groups: never faster than the even split of the same hosts into as many groups.
+    assert model.two_level_time(S, [16, 8], model.PAPER) >= model.two_level_time(S, [12, 12], model.PAPER)
+    # A shared uplink slows only the inter-group phase.
+    slow = Params(a, b / 16)
+    t_up = model.two_level_time(S, [16] * 16, model.PAPER, slow)
+    assert t_up == pytest.approx(2 * 15 * (S / 16 / b) + 2 * 15 * max(a, S / 256 / (b / 16)), rel=1e-12)
+
+
+def test_doubling_and_groups():
+    for n, r in ROUNDS.items():
+        assert model.doubling_rounds(n) == r
+    p = Params(1e-4, 1e9)
+    assert float(model.doubling_time(1e6, 8, p)) == pytest.approx(3 * (1e-4 + 1e-3), rel=1e-12)
+    assert model.group_sizes(24, group_size=16) == [12, 12]
+    assert model.group_sizes(70, group_size=16) == [14] * 5
+    assert model.group_sizes(70, groups=16) == [5] * 6 + [4] * 10
+    assert model.group_sizes(8, groups=16) == [1] * 8
+    with pytest.raises(model.ModelError):
+        model.group_sizes(8, groups=0)
+    with pytest.raises(model.ModelError):
+        Params(-1.0, 1e9)
+
+
+def test_predict_cli_paper_table(capsys, tmp_path):
+    png = tmp_path / "out.png"
+    assert model.main(["predict", "--hosts", "8,24,70,128,256", "--bucket-mb", "25,50", "--alpha-us", "306",
+                       "--goodput-gbs", "1.238", "--groups", "16", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "n* = S/(alpha*beta) = 66.0 hosts" in out and "= 132.0 hosts" in out
+    rows = {tuple(line.split()[:3]): line for line in out.splitlines() if line.strip().startswith(("25 MB", "50 MB"))}
+    assert len(rows) == 10
+    # 25 MB on 256 hosts: flat ring 2*255*306 us = 156.06 ms, 25.8% of goodput.
+    assert "156.06   0.319   25.8%" in rows[("25", "MB", "256")]
+    assert rows[("50", "MB", "128")].split()[5:8] == ["80.14", "1.238", "100.0%"]
+    assert png.stat().st_size > 10_000
+
+
+def test_fit_cli_on_our_bench_file(capsys):
+    assert model.main(["fit", BENCH, "--backend", "mccl", "--op", "all_reduce", "--holdout"]) == 0
+    out = capsys.readouterr().out
+    assert "# ring: 6 points, alpha = " in out and "# doubling: 4 points" in out
+    assert out.count(" collectives.json") == 10
+
+
+def test_predict_from_fit(capsys):
+    assert model.main(["predict", "--fit", BENCH, "--hosts", "8", "--bucket-mb", "64", "--mib"]) == 0
+    out = capsys.readouterr().out
+    assert "fitted to" in out and "64 MiB" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["predict", "--hosts", "0,8"], "--hosts"),
+    (["predict", "--hosts", "eight"], "--hosts"),
+    (["predict", "--bucket-mb", "-25"], "--bucket-mb"),
+    (["predict", "--alpha-us", "306", "--fit", "x.json"], "not allowed with"),
+    (["predict", "--groups", "0"], "--groups must be >= 1"),
+    (["predict", "--groups", "4", "--group-size", "16"], "not allowed with"),
+    (["fit", "/nonexistent/bench.json"], "cannot read"),
+    (["fit", BENCH, "--op", "broadcast"], "invalid choice"),
+    (["fit", BENCH, "--backend", "nccl"], "no timed all_reduce rows of backend 'nccl'"),
+    (["fit"], "FILE.json"),
+    ([], "required"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        model.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_not_a_bench_file(tmp_path, capsys):
+    bad = tmp_path / "summary.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as exc:
+        model.main(["fit", str(bad)])
+    assert exc.value.code == 2 and "not a mccl.bench collectives file" in capsys.readouterr().err
+
+
+def test_module_entry_point():
+    r = subprocess.run([sys.executable, "-m", "mccl.model", "predict", "--hosts", "70", "--bucket-mb", "25"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "two-level" in r.stdout and "70" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "mccl.model", "predict", "--hosts", "-3"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--hosts" in r.stderr
