@@ -20,7 +20,8 @@ Three algorithms, each priced with a per-hop cost ``alpha`` (seconds) and a link
   ``seg = 0`` gives the paper's form, step = max(alpha, c/beta), the reading of issue 18;
   ``seg = inf`` (no pipelining within a step) gives the classic additive Hockney ring
   2(n-1)(alpha + c/beta) of Thakur, Rabenseifner & Gropp (2005). The ring turns latency-bound at
-  the **crossover** n* = S / (alpha*beta + seg): with seg = 0, n* = S / (alpha*beta).
+  the **crossover** n* = S / (alpha*beta) with seg = 0; with segments, S / c* where c* (between
+  alpha*beta + seg/2 and alpha*beta + seg) is the smallest chunk with c - s(c) >= alpha*beta.
 
 * **Recursive doubling** (Thakur, Rabenseifner & Gropp, 2005; ``csrc/algo/doubling.c``): every
   round swaps the whole buffer::
@@ -53,7 +54,7 @@ n* = S/(alpha*beta) gives 66.0 hosts for 25 MB (69.2 for 25 MiB, DDP's bucket_ca
 131.9 for 50 MB (138.4 for 50 MiB), and busbw = beta = 1.238 GB/s at 100 hosts for 50 MB: the
 paper's figures. The additive form cannot be what the paper used: it gives 0.70 GB/s at 100 hosts
 for 50 MB and 64% of goodput at 24 hosts for 16 MB (not within 1.9%). With MCCL's default 256 KiB
-segments the same alpha would put the crossover at 39 (25 MB) and 78 (50 MB) hosts: the segment's
+segments the same alpha would put the crossover at 44 (25 MB) and 88 (50 MB) hosts: the segment's
 own flight adds to the hop, so a fleet-sized ring wants segments well under alpha*beta (379 kB).
 
 Fitting (:func:`fit`): rows of one op and backend, each assigned to the algorithm MCCL ran (the
@@ -223,14 +224,30 @@ def busbw(size, n, t, op: str = "all_reduce"):
     return np.asarray(size, dtype=float) / np.asarray(t, dtype=float) * factor
 
 
+def crossover_chunk(p: Params) -> float:
+    """The smallest chunk (bytes) whose ring step is bandwidth-bound, c - s(c) >= alpha*beta:
+    alpha*beta with the paper's form (segment 0). With segments, s(c) = c/k for k = ceil(c/seg),
+    so within k segments the step is bandwidth-bound from c = alpha*beta * k/(k-1) up; the first k
+    where that fits under k*seg gives it (so it lies between alpha*beta + seg/2 and
+    alpha*beta + seg). Infinite for the additive form, whose step never hides alpha."""
+    ab = p.alpha * p.beta
+    if p.segment == 0 or ab == 0:
+        return ab
+    if math.isinf(p.segment):
+        return math.inf
+    k = max(2, math.floor(ab / p.segment) + 1)
+    while ab * k / (k - 1) > k * p.segment:
+        k += 1
+    return max(ab * k / (k - 1), (k - 1) * p.segment)
+
+
 def crossover_hosts(size: float, p: Params) -> float:
-    """Host count above which the flat ring's step is latency-bound: S / (alpha*beta + segment)
-    (S/(alpha*beta) with the paper's form). Infinite when alpha and segment are both 0; with an
-    infinite segment (the additive form) the step is never purely bandwidth-bound and this is
-    where its two terms are equal, S/(alpha*beta)."""
-    seg = 0.0 if math.isinf(p.segment) else p.segment
-    denom = p.alpha * p.beta + seg
-    return math.inf if denom == 0 else size / denom
+    """Host count n* above which the flat ring's step is latency-bound: S / (alpha*beta) with the
+    paper's form, S / crossover_chunk with segments (about S / (alpha*beta + seg)). For the additive
+    form, whose steps are never purely bandwidth-bound, the n where its two terms are equal,
+    S / (alpha*beta). Infinite when alpha is 0."""
+    c = p.alpha * p.beta if math.isinf(p.segment) else crossover_chunk(p)
+    return math.inf if c == 0 else size / c
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,9 +823,10 @@ def _cmd_predict(a) -> int:
           f"groups: the two-level ring's layout")
     for S in sizes:
         nstar = crossover_hosts(S, ring)
-        print(f"# {format_size(S)} ({S:.0f} B): flat ring crossover n* = S/(alpha*beta"
-              + (" + segment" if ring.segment and math.isfinite(ring.segment) else "") + f") = {nstar:.1f} hosts"
-              + (f": bandwidth-bound up to {math.floor(nstar)} hosts" if math.isfinite(nstar) else ""))
+        print(f"# {format_size(S)} ({S:.0f} B): flat ring crossover n* = "
+              + (f"S/c*, c* = {crossover_chunk(ring):.0f} B" if ring.segment and math.isfinite(ring.segment)
+                 else "S/(alpha*beta)") + f" = {nstar:.1f} hosts"
+              + (f": bandwidth-bound up to {math.ceil(nstar) - 1} hosts" if math.isfinite(nstar) else ""))
     print(format_table(rows, goodput))
     if a.plot:
         plot(rows, goodput, a.plot, f"mccl.model: {source}, alpha {ring.alpha * 1e6:.1f} us, "

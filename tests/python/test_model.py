@@ -110,10 +110,23 @@ def test_paper_crossovers():
     assert bw100 == pytest.approx(1.238e9, rel=1e-12)  # "holds 1.23 GB/s at 100 nodes"
     additive = replace_segment(model.PAPER, math.inf)
     assert float(model.busbw(50e6, 100, model.ring_time(50e6, 100, additive))) == pytest.approx(0.704e9, rel=1e-3)
-    # MCCL's 256 KiB segments: the crossover moves to S / (alpha*beta + segment).
+    # MCCL's 256 KiB segments: 3 segments of c/3 from c* = 1.5 alpha*beta up, so n* = S / (1.5 alpha*beta).
     seg = replace_segment(model.PAPER, 256 * 1024)
-    assert model.crossover_hosts(25e6, seg) == pytest.approx(25e6 / (a * b + 262144))
-    assert round(model.crossover_hosts(25e6, seg)) == 39
+    assert model.crossover_chunk(seg) == pytest.approx(1.5 * a * b, rel=1e-12)
+    assert model.crossover_hosts(25e6, seg) == pytest.approx(25e6 / (1.5 * a * b), rel=1e-12)
+    assert round(model.crossover_hosts(25e6, seg)) == 44 and round(model.crossover_hosts(50e6, seg)) == 88
+
+
+@pytest.mark.parametrize("segment", [0.0, 4096.0, 65536.0, 262144.0, 1 << 20, 3e6])
+@pytest.mark.parametrize("alpha", [306e-6, 50e-6, 1e-6])
+def test_crossover_separates_bandwidth_from_latency_bound(segment, alpha):
+    p = Params(alpha, 1.238e9, segment)
+    for S in (25e6, 50e6, 2 ** 30):
+        nstar = model.crossover_hosts(S, p)
+        below, above = math.ceil(nstar) - 1, math.floor(nstar) + 1  # strictly on either side
+        if below >= 2:
+            assert float(model.ring_step(S / below, p)) == S / below / p.beta  # bandwidth-bound
+        assert float(model.ring_step(S / above, p)) > S / above / p.beta  # latency-bound
 
 
 def replace_segment(p, segment):
