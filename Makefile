@@ -174,7 +174,7 @@ venv: $(VENV)/.installed
 
 # The extension is rebuilt only when the shim, the library or the packaging changed.
 $(VENV)/.mccl-built: $(VENV)/.installed $(BUILD)/libmccl.a $(wildcard torch/*.cpp torch/*.hpp torch/*.mm) setup.py pyproject.toml
-	@echo "building the PyTorch extension (mccl._C; a minute or two on 2 cores)"
+	@echo "building the PyTorch extension (mccl._C; 2-3 min on 2 cores)"
 	$(VENV)/bin/pip install -q --no-build-isolation -e .
 	touch $@
 
