@@ -45,9 +45,12 @@ def check_torch(running: str) -> None:
     if not built or release(built) == release(running):
         return
     where = os.path.dirname(os.path.abspath(__file__))
+    installed = any(part in ("site-packages", "dist-packages") for part in where.split(os.sep))
+    rebuild = ("from mccl's source folder: pip install --no-build-isolation --force-reinstall --no-deps ."
+               if installed else  # a checkout: the extension was built in place (make install, -e .)
+               "in this checkout: make install, or pip install --no-build-isolation -e .")
     raise ImportError(
         f"mccl ({where}) was built against torch {built}, but this Python runs torch {running}. Its "
         f"C++ extension works only with the torch release it was compiled against (under another it "
         f"can fail to load or abort the interpreter), so it was not loaded. Fix: install that torch "
-        f"(pip install torch=={release(built)}), or rebuild mccl against this one, from its source "
-        f"folder: pip install --no-build-isolation --force-reinstall --no-deps .")
+        f"(pip install torch=={release(built)}), or rebuild mccl against this one, {rebuild}")

@@ -142,9 +142,10 @@ def test_wheel_records_the_torch_it_was_built_for(installed):
     assert "mccl-info = mccl.info:main" in entry_points
 
 
-def _fake_package(tmp_path, python_src: str, torch_version: str) -> str:
-    """A copy of the package at `python_src` whose build record names `torch_version`."""
-    fake = tmp_path / "fake"
+def _fake_package(tmp_path, python_src: str, torch_version: str, installed: bool = True) -> str:
+    """A copy of the package at `python_src` whose build record names `torch_version`, in a folder
+    named like an environment's site-packages (``installed``) or like a checkout's."""
+    fake = tmp_path / ("lib/site-packages" if installed else "checkout/python")
     shutil.copytree(python_src, fake / "mccl", ignore=shutil.ignore_patterns("__pycache__"))
     record = {"torch_version": torch_version}
     (fake / "mccl" / "_build_info.py").write_text(f"BUILD = {record!r}\n")
@@ -184,6 +185,12 @@ def test_import_under_another_torch_is_an_import_error_naming_both_versions(inst
         assert f"pip install torch=={fake_version.split('+')[0]}" in message, message
         assert "pip install --no-build-isolation --force-reinstall --no-deps ." in message, message
         assert "extension loaded: False" in message, message
+    # Built in place in a checkout (make install): the fix is to rebuild there.
+    path = _fake_package(tmp_path / "checkout", site, "2.12.0", installed=False)
+    proc = subprocess.run([python, "-c", GUARDED_IMPORT], capture_output=True, text=True, timeout=120,
+                          env=_clean_env(PYTHONPATH=path), cwd=tmp_path)
+    assert proc.returncode == 3 and "built against torch 2.12.0" in proc.stdout, proc.stdout + proc.stderr
+    assert "in this checkout: make install, or pip install --no-build-isolation -e ." in proc.stdout, proc.stdout
 
 
 def _info(python: str, *args: str, **env: str) -> subprocess.CompletedProcess:
