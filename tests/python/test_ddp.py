@@ -1,5 +1,6 @@
 """DDP over mccl against DDP over gloo, and the README's main job."""
 import os
+import re
 import subprocess
 import sys
 
@@ -63,3 +64,7 @@ def test_main_job_trains_to_target_from_readme_command():
     assert "parameters bitwise equal on all 4 ranks" in proc.stdout
     acc = float(proc.stdout.split("final validation accuracy ")[1].split("%")[0])
     assert acc >= 95.0
+    # Not a terminal: one line per epoch on stdout, no progress bar on stderr.
+    rows = re.findall(r"^\s*(\d+)\s+\d+\.\d{4}\s+\d+\.\d{4}\s+\d+\.\d{2}%\s+\d+\s*$", proc.stdout, re.M)
+    assert [int(r) for r in rows] == list(range(1, 13)), proc.stdout
+    assert "it/s" not in proc.stderr, proc.stderr[-2000:]
