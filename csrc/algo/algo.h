@@ -56,6 +56,8 @@ typedef struct mcclAlgoCtx {
                               -1: chosen by single_host) */
   int single_host;         /* every rank on this machine (mcclTransportSingleHost) */
   unsigned plans_logged[16]; /* per collective kind: the plans (bits) already logged (select.c) */
+  int* ring_order;         /* NULL: rings visit ranks in rank order; else [2 x nranks]: the rank at
+                              each ring position, then each rank's position (core/topology.h) */
 } mcclAlgoCtx;
 
 /* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may

@@ -1,6 +1,7 @@
 /*
  * ring.c: the pipelined ring (Patarasuk & Yuan, 2009) for all-reduce and all-gather, and the
- * pipelined chain for large broadcasts.
+ * pipelined chain for large broadcasts. "Rank r + 1" below means the next rank in ring order
+ * (core/topology.h: each group's ranks together; rank order when there is one group).
  *
  * All-reduce on n ranks cuts the buffer into n chunks, one per rank, and runs 2(n-1) steps. At
  * step t rank r sends chunk (r - t) mod n to its right neighbour and receives chunk
@@ -170,6 +171,15 @@ static void splitEven(size_t count, int n, size_t* off, size_t* len) {
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
+/* Rings visit the ranks in ring order (core/topology.h): the rank at ring position `pos` (taken
+ * mod n), and rank r's position. Chunks keep their ranks' numbers (chunk r is rank r's block),
+ * so results do not depend on the order, only the links used do. */
+static int ringRank(const mcclAlgoCtx* ctx, int pos) {
+  pos = mod(pos, ctx->nranks);
+  return ctx->ring_order ? ctx->ring_order[pos] : pos;
+}
+static int ringPos(const mcclAlgoCtx* ctx, int r) { return ctx->ring_order ? ctx->ring_order[ctx->nranks + r] : r; }
+
 mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype);
@@ -189,16 +199,17 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   int* recv_chunk = send_chunk + nsteps;
   uint8_t* recv_mode = flags;
   uint8_t* from_input = flags + nsteps;
+  const int pos = ringPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    send_chunk[t] = mod(r - t, n);
-    recv_chunk[t] = mod(r - t - 1, n);
+    send_chunk[t] = ringRank(ctx, pos - t);
+    recv_chunk[t] = ringRank(ctx, pos - t - 1);
     recv_mode[t] = t < n - 2 ? MCCL_RECV_REDUCE : (t == n - 2 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_COPY);
     from_input[t] = t == 0;
   }
   splitEven(op->count, n, geo, geo + n);
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
-  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), send_chunk, recv_chunk,
+  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), send_chunk, recv_chunk,
                        recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
@@ -224,13 +235,14 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
     return mcclSystemError;
   }
+  const int pos = ringPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    chunks[t] = mod(r - t - 1, n);
-    chunks[nsteps + t] = mod(r - t - 2, n);
+    chunks[t] = ringRank(ctx, pos - t - 1);
+    chunks[nsteps + t] = ringRank(ctx, pos - t - 2);
     flags[t] = t == nsteps - 1 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_REDUCE;
     flags[nsteps + t] = t == 0;
   }
-  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
+  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
@@ -307,9 +319,10 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
     return mcclSystemError;
   }
+  const int pos = ringPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    chunks[t] = mod(r - t, n);
-    chunks[nsteps + t] = mod(r - t - 1, n);
+    chunks[t] = ringRank(ctx, pos - t);
+    chunks[nsteps + t] = ringRank(ctx, pos - t - 1);
   }
   flags[nsteps] = 1; /* step 0 sends the own block from the input */
   for (int c = 0; c < n; c++) {
@@ -317,7 +330,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     geo[n + c] = op->count;
   }
   /* Frames carry byte offsets into the whole output. */
-  mcclRingPlan plan = {nsteps, n, 1, mod(r + 1, n), mod(r - 1, n), chunks, chunks + nsteps,
+  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
@@ -332,12 +345,12 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
  * receives. Time ~ bytes/bandwidth + (n-1) segment hops. */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
-  const int pos = mod(r - op->root, n);
+  const int me = ringPos(ctx, r), pos = mod(me - ringPos(ctx, op->root), n); /* hops from root */
   int send_chunk = pos < n - 1 ? 0 : -1;
   int recv_chunk = pos > 0 ? 0 : -1;
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
-  mcclRingPlan plan = {1, 1, 0, mod(r + 1, n), mod(r - 1, n), &send_chunk, &recv_chunk,
+  mcclRingPlan plan = {1, 1, 0, ringRank(ctx, me + 1), ringRank(ctx, me - 1), &send_chunk, &recv_chunk,
                        &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -27,6 +27,7 @@
 #include "core/debug.h"
 #include "core/host.h"
 #include "core/param.h"
+#include "core/topology.h"
 #include "core/trace.h"
 #include "core/platform.h"
 #include "transport/socket.h"
@@ -264,6 +265,8 @@ static void commFree(struct mcclComm* comm) {
   comm->tp.trace = NULL;
   free(comm->algo.scratch);
   free(comm->algo.work);
+  free(comm->algo.ring_order);
+  comm->algo.ring_order = NULL;
   comm->algo.scratch = comm->algo.work = NULL;
   mcclCommRelease(comm);
 }
@@ -334,6 +337,53 @@ static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r
   snprintf(what, sizeof(what), "rank %d's host description", r);
   mcclResult_t res = storeGet(store, key, out, MCCL_HOST_STRLEN - 1, &len, deadline, what);
   out[res == mcclSuccess && len < MCCL_HOST_STRLEN ? len : 0] = '\0';
+  return res;
+}
+
+/* The ring order (core/topology.h) from every rank's published group (this rank's own too, as
+ * the store holds it, so that every rank computes the same order). */
+static mcclResult_t ringOrder(struct mcclComm* comm, const mcclStore_t* store, const char* prefix, const char* group,
+                              const char* why, int64_t deadline) {
+  const int n = comm->nranks;
+  const size_t nn = (size_t)(n > 0 ? n : 1);
+  char(*groups)[MCCL_GROUP_STRLEN] = calloc(nn, MCCL_GROUP_STRLEN);
+  const char** names = calloc(nn, sizeof(*names));
+  int* order = malloc(sizeof(int) * nn * 2);
+  mcclResult_t res = mcclSuccess;
+  if (groups == NULL || names == NULL || order == NULL) {
+    mcclSetThreadError("mcclCommInitConfig: out of memory for the ring order of %d ranks", n);
+    res = mcclSystemError;
+  }
+  for (int r = 0; r < n && res == mcclSuccess; r++) {
+    char key[256], what[64];
+    size_t len = 0;
+    snprintf(key, sizeof(key), "%s/group/%d", prefix, r);
+    snprintf(what, sizeof(what), "rank %d's topology group", r);
+    res = storeGet(store, key, groups[r], MCCL_GROUP_STRLEN - 1, &len, deadline, what);
+    groups[r][res == mcclSuccess && len < MCCL_GROUP_STRLEN ? len : 0] = '\0';
+    names[r] = groups[r];
+  }
+  if (res == mcclSuccess) {
+    int ngroups = mcclTopologyRingOrder(n, names, order, order + n);
+    int identity = 1;
+    for (int p = 0; p < n; p++) identity &= order[p] == p;
+    INFO(MCCL_SUB_INIT, "rank %d/%d of '%s': topology group '%s' (from %s); %d group%s", comm->rank, n, comm->label,
+         group, why, ngroups, ngroups == 1 ? "" : "s");
+    if (!identity && comm->rank == 0) {
+      char text[512];
+      size_t k = 0;
+      for (int p = 0; p < n && k + 16 < sizeof(text); p++)
+        k += (size_t)snprintf(text + k, sizeof(text) - k, "%s%d", p ? " " : "", order[p]);
+      INFO(MCCL_SUB_INIT, "communicator '%s': rings visit the ranks in the order %s%s (each group's ranks together)",
+           comm->label, text, k + 16 >= sizeof(text) ? " ..." : "");
+    }
+    free(comm->algo.ring_order);
+    comm->algo.ring_order = identity ? NULL : order; /* NULL: rank order */
+    if (!identity) order = NULL;
+  }
+  free(order);
+  free(names);
+  free(groups);
   return res;
 }
 
@@ -583,6 +633,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     mcclHostDescribe(host, sizeof(host));
     snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
     MCCLCHECKGOTO(storeSet(store, key, host, strlen(host), "this rank's host description"), res, fail);
+    char group[MCCL_GROUP_STRLEN], group_why[400];
+    mcclTopologyGroup(addrs[comm->rank], NULL, mcclParamString("MCCL_TOPOLOGY_GROUP"), mcclParamString("MCCL_TOPOLOGY"),
+                      group, group_why, sizeof(group_why));
+    snprintf(key, sizeof(key), "%s/group/%d", prefix, comm->rank); /* before addr: read after it */
+    MCCLCHECKGOTO(storeSet(store, key, group, strlen(group), "this rank's topology group"), res, fail);
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
     MCCLCHECKGOTO(storeSet(store, key, addrs[comm->rank], strlen(addrs[comm->rank]), "this rank's address"), res,
                   fail);
@@ -635,6 +690,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
         goto fail;
       }
     }
+    MCCLCHECKGOTO(ringOrder(comm, store, prefix, group, group_why, deadline), res, fail);
     initWatchCtx watch_ctx = {store, prefix, comm->rank};
     mcclTransportWatch watch = {&watch_ctx, initPeerFailed};
     res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, &watch, deadline);

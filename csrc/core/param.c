@@ -53,6 +53,11 @@ static mcclParam params[] = {
     /* "ring" or "tree"/"doubling": every collective uses that family (algo/select.h), as
      * NCCL_ALGO does; unset: chosen by size. Every rank of a job must be given the same. */
     {"MCCL_ALGO", 0, 0, 0, 1, NULL, 0},
+    /* This process's topology group (switch, room), or a map (file or "key=group,...") from
+     * addresses, networks and host names to groups: rings keep each group's ranks together
+     * (core/topology.h). Unset: groups by subnet. */
+    {"MCCL_TOPOLOGY_GROUP", 0, 0, 0, 1, NULL, 0},
+    {"MCCL_TOPOLOGY", 0, 0, 0, 1, NULL, 0},
     /* Events a trace keeps per communicator (64 bytes each); later ones are counted, not kept. */
     {"MCCL_TRACE_EVENTS", 1 << 20, 1, (int64_t)1 << 28, 0, NULL, 0},
 };
