@@ -59,8 +59,13 @@ STATE_API_NOISE = "Failed to query Ray Train Controller actor state"
 
 def quiet_worker_process() -> None:
     """Runs first in every process of the job (the runtime environment's
-    ``worker_process_setup_hook``): drops the placement-group cleaner's STATE_API_NOISE."""
+    ``worker_process_setup_hook``): drops the placement-group cleaner's STATE_API_NOISE, and points
+    the State API at this job's own cluster (RAY_ADDRESS): with a second Ray running on the same
+    machine it would otherwise pick "the latest cluster" and warn "Found multiple active Ray
+    instances" at every query."""
     import logging
+
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
     class DropStateApiNoise(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
