@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def train_loop(config: dict) -> None:
     """Runs on every worker, inside Ray Train's mccl process group."""
     import logging
+    import shutil
 
     import lightning as L
     import torch
@@ -113,13 +114,17 @@ def train_loop(config: dict) -> None:
     data = DigitsDataModule(batch_size=config["batch_size"])
     module = DigitsModule(width=config["width"], base_lr=config["base_lr"], weight_decay=config["weight_decay"],
                           warmup_epochs=config["warmup_epochs"], seed=config["seed"])
+    report = RayTrainReportCallback()
     trainer = L.Trainer(accelerator=config["accelerator"], devices=1, strategy=RayMCCLStrategy(),
-                        plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback(), EpochTable()],
+                        plugins=[RayLightningEnvironment()], callbacks=[report, EpochTable()],
                         max_epochs=config["epochs"], limit_train_batches=config["limit_train_batches"],
                         logger=False, enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=config["progress"], num_sanity_val_steps=0)
     trainer = prepare_trainer(trainer)
-    trainer.fit(module, datamodule=data)
+    try:
+        trainer.fit(module, datamodule=data)
+    finally:  # Ray's callback stages each checkpoint under this folder and leaves the folder behind
+        shutil.rmtree(getattr(report, "tmpdir_prefix", ""), ignore_errors=True)
     bad = check_parameters_equal(module, trainer.world_size)
     if bad:
         raise RuntimeError(f"parameters differ from rank 0 on ranks {bad}")
