@@ -412,7 +412,9 @@ MCCL_API void mcclRequestFree(mcclRequest_t request);
  * ------------------------------------------------------------------------------------------- */
 
 /* recvbuf[i] = op over ranks of sendbuf[i], i < count. In place allowed. Uses recursive doubling
- * below MCCL_RING_THRESHOLD bytes and a pipelined ring (reduce-scatter + all-gather) above it. */
+ * below MCCL_RING_THRESHOLD bytes and a pipelined ring (reduce-scatter + all-gather) above it;
+ * over equal topology groups, a two-level ring where the flat ring's chunks fall below alpha x
+ * beta (or MCCL_ALGO=twolevel). The rules are in csrc/algo/select.c. */
 MCCL_API mcclResult_t mcclAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                                     mcclDataType_t datatype, mcclRedOp_t op, mcclComm_t comm,
                                     const mcclOpOptions_t* options, mcclRequest_t* request);

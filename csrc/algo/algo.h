@@ -58,6 +58,8 @@ typedef struct mcclAlgoCtx {
   unsigned plans_logged[16]; /* per collective kind: the plans (bits) already logged (select.c) */
   int* ring_order;         /* NULL: rings visit ranks in rank order; else [2 x nranks]: the rank at
                               each ring position, then each rank's position (core/topology.h) */
+  int ngroups;             /* topology groups (>= 1); ring positions [k g, (k+1) g) are group k */
+  int group_size;          /* g when every group has g ranks, else 0 (no two-level ring) */
 } mcclAlgoCtx;
 
 /* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may
@@ -155,6 +157,10 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op);
 
 /* Individual algorithms, exposed so tests and benchmarks can force one. */
 mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+/* The two-level ring (ctx->ngroups groups of ctx->group_size ranks, contiguous in ring order):
+ * reduce-scatter inside each group, a ring all-reduce of each shard across the groups, all-gather
+ * inside each group. ring.c explains it. */
+mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduceInScratch(mcclAlgoCtx* ctx, const mcclOp* op); /* recvbuf is ctx->work */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
@@ -194,6 +200,8 @@ typedef struct {
                               receive is posted only once segment j of that send is complete:
                               a sender thread may still be reading it (the peer cannot answer
                               before the bytes left, but only `complete` orders the two threads) */
+  uint32_t step_base;      /* frames of step t carry step_base + t (plans run one after another
+                              in one collective number their steps apart) */
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

@@ -89,7 +89,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       size_t slot = r_posted % (size_t)depth;
       mcclXfer* x = &rx[slot];
       memset(x, 0, sizeof(*x));
-      mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
+      mcclAlgoFrame(op, &x->frame, p->step_base + (uint32_t)t, s.off * esz, s.len * esz);
       staged[slot] = p->recv_mode[t] != MCCL_RECV_COPY || !ann.done;
       x->buf = staged[slot] ? staging + slot * per_max * esz : out + s.off * esz;
       x->bytes = s.len * esz;
@@ -113,7 +113,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       size_t slot = s_posted % (size_t)depth;
       mcclXfer* x = &sx[slot];
       memset(x, 0, sizeof(*x));
-      mcclAlgoFrame(op, &x->frame, (uint32_t)t, s.off * esz, s.len * esz);
+      mcclAlgoFrame(op, &x->frame, p->step_base + (uint32_t)t, s.off * esz, s.len * esz);
       x->buf = p->send_from_input[t] ? (char*)in + (s.off - p->in_base) * esz : out + s.off * esz;
       x->bytes = s.len * esz;
       mcclTransportPostSend(ctx->tp, p->send_peer, x);
@@ -210,9 +210,87 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
+  free(flags);
+  free(geo);
+  return res;
+}
+
+/* Two-level all-reduce over G groups of g ranks (positions k g .. k g + g - 1 of the ring order
+ * are group k; member j of group k sits at position k g + j), the standard hierarchical
+ * decomposition:
+ *   1. inside each group, a ring reduce-scatter of the buffer in g chunks: member j ends with
+ *      chunk j summed over its group (steps 0 .. g-2);
+ *   2. member j of every group (a ring of G ranks, one per group) all-reduces its chunk j, cut in
+ *      G pieces: after it every member j holds chunk j summed over all n ranks (steps g-1 ..
+ *      g-1 + 2(G-1) - 1; AVG divides here, by n);
+ *   3. inside each group, a ring all-gather of the g chunks (the last g-1 steps).
+ * Each rank sends 2(g-1)/g S + 2(G-1)/(G g) S = 2(n-1)/n S bytes, as in the flat ring, in
+ * 2(g-1) + 2(G-1) steps instead of 2(n-1): the hop cost is paid fewer times, and only phase 2
+ * crosses between groups (g rings of S/g bytes each). Every piece is reduced by one rank and
+ * copied to the others, so every rank holds the same bytes. Phase 1 runs the announcement, so
+ * the output is written only once every rank's header matched (as in the flat ring). */
+mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int g = ctx->group_size, G = ctx->ngroups, r = ctx->rank;
+  const int pos = ringPos(ctx, r), k = pos / g, j = pos % g;
+  const int nsteps = 2 * (g - 1) > 2 * (G - 1) ? 2 * (g - 1) : 2 * (G - 1);
+  int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
+  uint8_t* flags = malloc((size_t)nsteps * 2);
+  size_t* geo = malloc(sizeof(size_t) * (size_t)(g + G) * 2);
+  if (!chunks || !flags || !geo) {
+    free(chunks); free(flags); free(geo);
+    snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a two-level ring of %d x %d ranks", G, g);
+    return mcclSystemError;
+  }
+  size_t *off1 = geo, *len1 = geo + g, *off2 = geo + 2 * g, *len2 = geo + 2 * g + G;
+  splitEven(op->count, g, off1, len1);
+  splitEven(len1[j], G, off2, len2);
+  for (int q = 0; q < G; q++) off2[q] += off1[j];
+  const int left = ringRank(ctx, k * g + mod(j - 1, g)), right = ringRank(ctx, k * g + mod(j + 1, g));
+  mcclResult_t res = mcclSuccess;
+  /* 1: reduce-scatter inside the group, chunk numbers = member numbers; member j ends with j. */
+  if (g > 1) {
+    for (int t = 0; t < g - 1; t++) {
+      chunks[t] = mod(j - t - 1, g);
+      chunks[nsteps + t] = mod(j - t - 2, g);
+      flags[t] = MCCL_RECV_REDUCE;
+      flags[nsteps + t] = t == 0;
+    }
+    mcclRingPlan p1 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
+                       op->recvbuf, NULL, 0, 1, 0, 0, 0};
+    res = mcclRingRun(ctx, op, &p1);
+  }
+  /* 2: all-reduce of chunk j across the groups (from here on the input is this rank's output). */
+  mcclOp mid = *op;
+  mid.sendbuf = op->recvbuf;
+  if (res == mcclSuccess && G > 1) {
+    const int steps = 2 * (G - 1);
+    for (int t = 0; t < steps; t++) {
+      chunks[t] = mod(k - t, G);
+      chunks[nsteps + t] = mod(k - t - 1, G);
+      flags[t] = t < G - 2 ? MCCL_RECV_REDUCE : (t == G - 2 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_COPY);
+      flags[nsteps + t] = 0;
+    }
+    mcclRingPlan p2 = {steps, G, 1, ringRank(ctx, mod(k + 1, G) * g + j), ringRank(ctx, mod(k - 1, G) * g + j),
+                       chunks, chunks + nsteps, flags, flags + nsteps, off2, len2, op->recvbuf, NULL, 0,
+                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1)};
+    res = mcclRingRun(ctx, &mid, &p2);
+  }
+  /* 3: all-gather of the chunks inside the group. */
+  if (res == mcclSuccess && g > 1) {
+    for (int t = 0; t < g - 1; t++) {
+      chunks[t] = mod(j - t, g);
+      chunks[nsteps + t] = mod(j - t - 1, g);
+      flags[t] = MCCL_RECV_COPY;
+      flags[nsteps + t] = 0;
+    }
+    mcclRingPlan p3 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
+                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1))};
+    res = mcclRingRun(ctx, &mid, &p3);
+  }
+  free(chunks);
   free(flags);
   free(geo);
   return res;
@@ -243,7 +321,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -331,7 +409,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   }
   /* Frames carry byte offsets into the whole output. */
   mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0};
+                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
   free(chunks);
@@ -351,6 +429,6 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, ringRank(ctx, me + 1), ringRank(ctx, me - 1), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -151,7 +151,7 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
   const char* own_in = (const char*)op->sendbuf + SDISPL(r) * esz;
   const size_t own_bytes = SCOUNT(r) * esz;
   if (n == 1) {
-    memmove(own_out, own_in, own_bytes);
+    if (own_bytes > 0) memmove(own_out, own_in, own_bytes);
     return mcclSuccess;
   }
   mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n * 2);
@@ -173,7 +173,7 @@ mcclResult_t mcclAlgoAllToAll(mcclAlgoCtx* ctx, const mcclOp* op) {
    * other's directly, but all-to-allv counts differ per pair, so a mismatch between two other
    * ranks needs their confirmations to reach this one. */
   mcclResult_t res = mcclAlgoExchangeAnnounced(ctx, op, ios, nio, window, v != NULL);
-  if (res == mcclSuccess) memmove(own_out, own_in, own_bytes);
+  if (res == mcclSuccess && own_bytes > 0) memmove(own_out, own_in, own_bytes); /* buffers may be NULL at 0 */
   free(ios);
   return res;
 }

@@ -10,7 +10,8 @@
 #include "transport/wire.h"
 
 static const char* const kPlanName[MCCL_PLAN_KINDS] = {
-    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "linear", "dissemination"};
+    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "linear", "dissemination",
+    "two-level"};
 
 const char* mcclPlanName(mcclPlanKind kind) {
   return (unsigned)kind < MCCL_PLAN_KINDS ? kPlanName[kind] : "unknown";
@@ -24,7 +25,8 @@ static void readForced(void) {
   if (v == NULL || v[0] == '\0') return;
   if (strcasecmp(v, "ring") == 0) forced = mcclAlgoRing;
   else if (strcasecmp(v, "tree") == 0 || strcasecmp(v, "doubling") == 0) forced = mcclAlgoTree;
-  else WARN("MCCL_ALGO=%s is not 'ring', 'tree' or 'doubling'; the algorithms are chosen by size", v);
+  else if (strcasecmp(v, "twolevel") == 0 || strcasecmp(v, "two-level") == 0) forced = MCCL_ALGO_TWO_LEVEL;
+  else WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling' or 'twolevel'; the algorithms are chosen by size", v);
 }
 
 mcclAlgorithm_t mcclAlgoForced(void) {
@@ -37,13 +39,24 @@ static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, wi
 static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {
   const int n = ctx->nranks;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
+  const int forced_two = algo == MCCL_ALGO_TWO_LEVEL;
+  if (forced_two) algo = mcclAlgoRing; /* for the collectives it does not apply to */
   const int forced_ring = algo == mcclAlgoRing, forced_tree = algo == mcclAlgoTree;
   const int auto_big = algo == mcclAlgoAuto && bytes >= ctx->ring_threshold;
   switch (op->coll) {
     case MCCL_COLL_ALLREDUCE:
       /* The ring needs a chunk per rank: fewer elements than ranks take doubling. */
       if (forced_ring || (auto_big && op->count >= (size_t)n)) {
-        *why = forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
+        /* Two-level pays where the flat ring's steps are latency-bound: chunks S/n below
+         * alpha x beta (the cost model's crossover n* = S / (alpha beta), docs/MODEL.md), when
+         * the topology has equal groups (G >= 2 groups of g >= 2 ranks). */
+        int two_ok = ctx->ngroups >= 2 && ctx->group_size >= 2 && op->count >= (size_t)n;
+        if (two_ok && (forced_two || (!forced_ring && bytes / (size_t)n < MCCL_ALPHA_BETA_BYTES))) {
+          *why = forced_two ? "forced" : "chunks below alpha x beta, equal topology groups";
+          return plan(MCCL_PLAN_TWO_LEVEL, 0);
+        }
+        *why = forced_two ? "forced two-level, but the topology has no equal groups of 2 or more ranks"
+               : forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
         return plan(MCCL_PLAN_RING, 0);
       }
       *why = forced_tree ? "forced" : "small";

@@ -33,6 +33,8 @@ typedef enum {
   MCCL_PLAN_PAIRWISE,          /* all-to-all(v): pairwise exchange, `window` steps at a time */
   MCCL_PLAN_LINEAR,            /* gather, scatter: root exchanges with every rank at once */
   MCCL_PLAN_DISSEMINATION,     /* barrier */
+  MCCL_PLAN_TWO_LEVEL,         /* all-reduce: reduce-scatter in each topology group, all-reduce
+                                  across the groups, all-gather in each group (ring.c) */
   MCCL_PLAN_KINDS
 } mcclPlanKind;
 
@@ -48,9 +50,13 @@ mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op);
 /* "ring", "doubling", ...: a plan's name, as MCCL_ALGO and the log spell it. */
 const char* mcclPlanName(mcclPlanKind kind);
 
+/* MCCL_ALGO=twolevel: an algorithm beyond the public mcclAlgorithm_t values. */
+#define MCCL_ALGO_TWO_LEVEL ((mcclAlgorithm_t)3)
+
 /* The collective's algorithm forced by MCCL_ALGO for the whole process (mcclAlgoAuto when unset):
- * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, any case; another value is a
- * warning and changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
+ * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, "twolevel" MCCL_ALGO_TWO_LEVEL
+ * (all-reduce; the other collectives take the ring), any case; another value is a warning and
+ * changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
 mcclAlgorithm_t mcclAlgoForced(void);
 
 #endif

@@ -283,5 +283,9 @@ void mcclAnnounceEnd(mcclAnnouncement* a) {
 }
 
 mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
-  return mcclAlgoSelect(ctx, op).kind == MCCL_PLAN_RING ? mcclRingAllReduce(ctx, op) : mcclDoublingAllReduce(ctx, op);
+  switch (mcclAlgoSelect(ctx, op).kind) {
+    case MCCL_PLAN_RING: return mcclRingAllReduce(ctx, op);
+    case MCCL_PLAN_TWO_LEVEL: return mcclTwoLevelAllReduce(ctx, op);
+    default: return mcclDoublingAllReduce(ctx, op);
+  }
 }

@@ -367,6 +367,12 @@ static mcclResult_t ringOrder(struct mcclComm* comm, const mcclStore_t* store, c
     int ngroups = mcclTopologyRingOrder(n, names, order, order + n);
     int identity = 1;
     for (int p = 0; p < n; p++) identity &= order[p] == p;
+    /* Equal groups (n = G g; contiguous in ring order) allow the two-level ring. */
+    int g = n % ngroups == 0 ? n / ngroups : 0;
+    for (int p = 0; p < n && g > 0; p++)
+      if (strcmp(names[order[p]], names[order[(p / g) * g]]) != 0) g = 0;
+    comm->algo.ngroups = ngroups;
+    comm->algo.group_size = g;
     INFO(MCCL_SUB_INIT, "rank %d/%d of '%s': topology group '%s' (from %s); %d group%s", comm->rank, n, comm->label,
          group, why, ngroups, ngroups == 1 ? "" : "s");
     if (!identity && comm->rank == 0) {

@@ -76,8 +76,40 @@ static void testOrder(void) {
   expectOrder(3, each, (const int[]){0, 1, 2}, 3);
 }
 
+/* Each rank takes its group from `arg` ("ABAB": rank r's letter) before the library first reads
+ * the environment (this process's parameters are read once, at its first communicator), then
+ * runs two-level all-reduces: exact sums, every rank's bytes equal (harnessReport). */
+static int twoLevelRank(int rank, int nranks, mcclStore_t* store, void* arg) {
+  char group[2] = {((const char*)arg)[rank], 0};
+  setenv("MCCL_TOPOLOGY_GROUP", group, 1);
+  setenv("MCCL_ALGO", "twolevel", 1);
+  mcclComm_t comm = harnessCommInit(rank, nranks, store);
+  if (comm == NULL) return 1;
+  int bad = 0;
+  const size_t counts[] = {(size_t)nranks, 100003, 1 << 18};
+  for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+    size_t count = counts[c];
+    int32_t* x = malloc(count * sizeof(*x));
+    for (size_t i = 0; i < count; i++) x[i] = (int32_t)(i % 1009) + rank;
+    if (mcclAllReduce(x, x, count, mcclInt32, mcclSum, comm, NULL, NULL) != mcclSuccess) bad++;
+    for (size_t i = 0; i < count && !bad; i++)
+      if (x[i] != (int32_t)(i % 1009) * nranks + nranks * (nranks - 1) / 2) bad++;
+    harnessReport(harnessDigest(x, count * sizeof(*x)));
+    free(x);
+  }
+  mcclCommDestroy(comm);
+  return bad != 0;
+}
+
+static void testTwoLevel(void) {
+  EXPECT(harnessRunRanks(4, 60, twoLevelRank, "ABAB") == 0, "two-level, 2 groups of 2, interleaved");
+  EXPECT(harnessRunRanks(6, 60, twoLevelRank, "AABBCC") == 0, "two-level, 3 groups of 2");
+  EXPECT(harnessRunRanks(3, 60, twoLevelRank, "AAB") == 0, "uneven groups: the flat ring");
+}
+
 int main(void) {
   testGroups();
   testOrder();
+  testTwoLevel();
   return harnessExit("test_topology");
 }

@@ -64,3 +64,54 @@ def test_rings_keep_each_group_together(tmp_path, groups, ring):
         to = {e["tid"] for e in data["traceEvents"] if e.get("ph") == "X" and e["name"] == "send"
               and e["args"]["seq"] == 0 and e["args"]["bytes"] > 0}
         assert to == {1 + 2 * ring[(pos + 1) % n]}, (r, sorted(to))
+
+
+def _two_level(rank: int, world_size: int) -> dict:
+    import tempfile
+
+    n = world_size
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    results = {}
+    try:
+        for count in (n, 1000003, 1 << 18):  # a chunk of 1 element, sizes that split unevenly
+            x = (torch.arange(count, dtype=torch.float64) % 1009 + rank).float()
+            ref = (torch.arange(count, dtype=torch.float64) % 1009) * n + n * (n - 1) / 2
+            dist.all_reduce(x)
+            y = torch.full((count,), float(4 * (rank + 1)))
+            dist.all_reduce(y, op=dist.ReduceOp.AVG)  # AVG divides once, by n
+            results[count] = {"sum": torch.equal(x.double(), ref),
+                              "avg": bool((y == 2.0 * (n + 1)).all()), "digest": digest(x)}
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    plans = {l.split(" runs as ")[1].split(";")[0] for l in text.splitlines() if "allreduce of" in l and " runs as " in l}
+    return {"results": results, "plans": plans}
+
+
+@pytest.mark.parametrize("groups", [
+    ["A", "A", "B", "B"], ["A", "B", "A", "B"], ["A", "A", "B", "B", "C", "C"], ["A", "A", "A", "B", "B", "B"],
+    ["a", "b", "c", "d", "a", "b", "c", "d"],
+])
+def test_two_level_ring_is_exact_and_bitwise_equal(groups):
+    n = len(groups)
+    values = check_ok(run_ranks(_two_level, n, pre_init=_set_group, deadline_s=180, env={
+        "TEST_GROUPS": ",".join(groups), "MCCL_ALGO": "twolevel", "MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}))
+    for r, v in enumerate(values):
+        assert v["plans"] == {"two-level (forced, MCCL_ALGO)"}, (r, v["plans"])
+        for count, res in v["results"].items():
+            assert res["sum"] and res["avg"], (r, count, res)
+    for count in values[0]["results"]:
+        assert len({v["results"][count]["digest"] for v in values}) == 1, count
+
+
+def test_two_level_needs_equal_groups_else_the_flat_ring():
+    values = check_ok(run_ranks(_two_level, 3, pre_init=_set_group, deadline_s=120, env={
+        "TEST_GROUPS": "A,A,B", "MCCL_ALGO": "twolevel", "MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}))
+    for v in values:
+        assert v["plans"] == {"ring (forced two-level, but the topology has no equal groups of 2 or more ranks, "
+                              "MCCL_ALGO)"}, v["plans"]
+        assert all(res["sum"] and res["avg"] for res in v["results"].values())
