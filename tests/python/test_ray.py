@@ -424,8 +424,25 @@ def test_scaling_configs_are_one_unit_per_machine():
     assert mr.resources_per_worker(trainer.scaling_config) == {"GPU": 1.0, "pool:mac": 1.0}
     assert trainer.scaling_config.placement_strategy == "SPREAD"
     assert trainer.run_config.failure_config.controller_failure_limit == 0  # no endless rescheduling
+    # Elastic (issue 19): a (min, max) range, one unit per machine all the same.
+    el = mr.scaling_config((2, 5), resize_interval_s=15)
+    assert (el.min_workers, el.max_workers, el.elastic_resize_monitor_interval_s) == (2, 5, 15.0)
+    assert mr.resources_per_worker(el) == {"CPU": 1.0, "pool:mac": 1.0} and el.elasticity_enabled
+    trainer = mr.MCCLTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=(1, 4)))
+    assert trainer.scaling_config.num_workers == (1, 4)
+    assert mr.resources_per_worker(trainer.scaling_config) == {"CPU": 1.0, "pool:mac": 1.0}
+    # A restart after a loss may ask once for the machine that left: retries, a shorter timeout,
+    # and the controller callback that refreshes Ray's picture of the machines when workers fail.
+    assert trainer.run_config.failure_config.controller_failure_limit == mr.DEFAULT_ELASTIC_PLACEMENT_RETRIES == 10
+    assert trainer._placement_timeout_s == mr.DEFAULT_ELASTIC_PLACEMENT_TIMEOUT_S == 30.0
+    assert [type(c).__name__ for c in trainer.run_config.callbacks] == ["_RefreshOnWorkerLoss"]
+    assert mr.MCCLTrainer(lambda: None, scaling_config=el, resource_refresh_s=None).run_config.callbacks == []
+    fixed = mr.MCCLTrainer(lambda: None, scaling_config=mr.scaling_config(2))
+    assert fixed.run_config.callbacks == [] and fixed._placement_timeout_s == 60.0
     for bad in (lambda: mr.scaling_config(0), lambda: mr.scaling_config(2, placement_strategy="PACK"),
-                lambda: mr.MCCLTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=(1, 4))),
+                lambda: mr.scaling_config((3, 2)), lambda: mr.scaling_config((0, 2)),
+                lambda: mr.scaling_config((1, 2, 3)),
+                lambda: mr.MCCLTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=(0, 4))),
                 lambda: mr.MCCLTrainer(lambda: None, scaling_config=ScalingConfig(
                     num_workers=2, resources_per_worker={"CPU": 1, "pool:mac": 0.5}))):
         with pytest.raises(ValueError):

@@ -26,11 +26,11 @@ import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import ray
 import torch
-from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig
+from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig, UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
 from ray.train.v2._internal.constants import WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
@@ -40,7 +40,8 @@ from .. import BACKEND_NAME
 from .._device import host_device_type
 
 __all__ = [
-    "DEFAULT_RESOURCE", "DEFAULT_PLACEMENT_TIMEOUT_S", "InsufficientMachinesError", "MCCLConfig",
+    "DEFAULT_RESOURCE", "DEFAULT_PLACEMENT_TIMEOUT_S", "DEFAULT_ELASTIC_PLACEMENT_TIMEOUT_S",
+    "DEFAULT_ELASTIC_PLACEMENT_RETRIES", "DEFAULT_RESIZE_INTERVAL_S", "InsufficientMachinesError", "MCCLConfig",
     "MCCLTrainer", "PlacementTimeoutError", "check_capacity", "get_device", "resources_per_worker",
     "scaling_config",
 ]
@@ -51,6 +52,12 @@ log = logging.getLogger(__name__)
 DEFAULT_RESOURCE = "pool:mac"
 #: How long the workers may wait for their placement group before the job fails, in seconds.
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
+#: The same for elastic jobs, whose restart after a loss may ask once for a machine that just left.
+DEFAULT_ELASTIC_PLACEMENT_TIMEOUT_S = 30.0
+#: Placement timeouts an elastic job survives before it gives up.
+DEFAULT_ELASTIC_PLACEMENT_RETRIES = 10
+#: How often an elastic job looks for machines that joined, in seconds (Ray's default is 60).
+DEFAULT_RESIZE_INTERVAL_S = 60.0
 #: Environment variables that belong to NCCL or to PyTorch's NCCL group, removed from every worker.
 NCCL_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
@@ -88,13 +95,21 @@ def resources_per_worker(config: ScalingConfig) -> dict[str, float]:
     return {k: float(v) for k, v in need.items() if v}
 
 
-def scaling_config(num_workers: int, *, resource: str = DEFAULT_RESOURCE, cpus_per_worker: float = 1,
-                   use_gpu: bool = False, placement_strategy: str = "SPREAD",
-                   extra_resources: Optional[dict[str, float]] = None) -> ScalingConfig:
+def scaling_config(num_workers: Union[int, tuple[int, int]], *, resource: str = DEFAULT_RESOURCE,
+                   cpus_per_worker: float = 1, use_gpu: bool = False, placement_strategy: str = "SPREAD",
+                   extra_resources: Optional[dict[str, float]] = None,
+                   resize_interval_s: float = DEFAULT_RESIZE_INTERVAL_S) -> ScalingConfig:
     """A Ray Train ``ScalingConfig`` for an mccl job: one unit of ``resource`` per worker.
 
     Args:
-        num_workers: number of workers (= machines, since each machine holds one unit).
+        num_workers: number of workers (= machines, since each machine holds one unit), or a
+            ``(min, max)`` range for an elastic job: it starts with as many machines as hold the
+            resource (at least ``min``), restarts from its latest checkpoint with the machines
+            that remain when one leaves, and grows (again from the latest checkpoint) when more
+            arrive, up to ``max``. See :class:`MCCLTrainer` and docs/FLEET.md.
+        resize_interval_s: elastic jobs only: how often a running job looks for machines that
+            joined (Ray's ``elastic_resize_monitor_interval_s``). Each resize is a restart from
+            the latest checkpoint, so this also bounds how often the job pays for one.
         resource: the custom resource the machines advertise (``mccl-ray-node --resource``).
         cpus_per_worker: CPUs each worker reserves; data loading runs inside this budget.
         use_gpu: reserve Ray's ``GPU`` resource too. Not needed on Macs: the MPS device is found
@@ -104,16 +119,23 @@ def scaling_config(num_workers: int, *, resource: str = DEFAULT_RESOURCE, cpus_p
         extra_resources: further custom resources per worker.
 
     Raises:
-        ValueError: ``num_workers < 1`` or another placement strategy.
+        ValueError: ``num_workers < 1``, a range that is not ``1 <= min <= max``, or another
+            placement strategy.
     """
-    if not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+    if isinstance(num_workers, (tuple, list)) and len(num_workers) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in num_workers):
+        num_workers = tuple(num_workers)
+        if not 1 <= num_workers[0] <= num_workers[1]:
+            raise ValueError(f"an elastic num_workers range must be (min, max) with 1 <= min <= max, got {num_workers!r}")
+    elif not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive int or a (min, max) range, got {num_workers!r}")
     if placement_strategy not in ("SPREAD", "STRICT_SPREAD"):
         raise ValueError(f"mccl places one worker per machine: placement_strategy must be SPREAD or "
                          f"STRICT_SPREAD, got {placement_strategy!r}")
     resources = {"CPU": cpus_per_worker, resource: 1, **(extra_resources or {})}
+    extra = {"elastic_resize_monitor_interval_s": float(resize_interval_s)} if isinstance(num_workers, tuple) else {}
     return ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources,
-                         placement_strategy=placement_strategy)
+                         placement_strategy=placement_strategy, **extra)
 
 
 def check_capacity(config: ScalingConfig, resource: str = DEFAULT_RESOURCE) -> dict[str, int]:
@@ -213,8 +235,8 @@ class MCCLConfig(TorchConfig):
 
 
 def _normalise_scaling(config: ScalingConfig, resource: str) -> ScalingConfig:
-    if config.elasticity_enabled:
-        raise ValueError("mccl jobs have a fixed worker count: num_workers must be an int")
+    if config.elasticity_enabled and config.min_workers < 1:
+        raise ValueError(f"an elastic mccl job needs at least one worker: num_workers={config.num_workers!r}")
     extra = dict(config.resources_per_worker or {})
     if config.resources_per_worker is None and not config.use_gpu:
         extra["CPU"] = 1  # Ray's default for a worker without resources_per_worker
@@ -242,6 +264,72 @@ def _env(key: str, value: str) -> Iterator[None]:
             os.environ[key] = old
 
 
+_REFRESH_REQUESTER = "mccl-elastic-refresh"
+
+
+def _refresh_machines(timeout_s: float = 10.0) -> bool:
+    """Make Ray Train's picture of the machines current; False if this Ray cannot.
+
+    Ray Train 2.60 sizes an elastic worker group from Ray Data's ``AutoscalingCoordinator``, whose
+    picture of the alive nodes is refreshed every 20 s. Right after a Mac died the job would ask
+    for the old number of workers, wait out the placement timeout, and only then restart with the
+    machines that remain; a Mac that joined would wait up to 20 s more to be used. This asks the
+    coordinator to recompute its picture now (``get_reserved_resources(..., recompute=True)``,
+    the call Ray's own code makes before it pins work to nodes). The actor is Ray-internal: on a
+    Ray without it this returns False and the job runs at Ray's own pace.
+    """
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator)
+    except ImportError:
+        return False
+    try:
+        coordinator = get_or_create_autoscaling_coordinator()
+        ray.get(coordinator.get_reserved_resources.remote(_REFRESH_REQUESTER, recompute=True), timeout=timeout_s)
+    except Exception as exc:  # a busy or restarting actor: the next refresh may do
+        log.debug("mccl: refreshing Ray's view of the machines failed: %s", exc)
+        return False
+    return True
+
+
+class _RefreshOnWorkerLoss(UserCallback):
+    """Runs in Ray Train's controller: when workers fail (a Mac left, so its worker died and the
+    others' mccl calls failed), refresh the picture of the machines before the controller sizes
+    the next worker group from it (see :func:`_refresh_machines`)."""
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict) -> None:
+        _refresh_machines(timeout_s=5.0)
+
+
+class _ResourceRefresher:
+    """In the driver, for elastic jobs: :func:`_refresh_machines` every ``interval_s`` while the
+    job runs, so machines that joined are seen within that time instead of Ray's 20 s."""
+
+    def __init__(self, interval_s: float) -> None:
+        import threading
+
+        self.interval_s = float(interval_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mccl-resource-refresh", daemon=True)
+
+    def __enter__(self) -> "_ResourceRefresher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator  # noqa: F401
+            except ImportError:
+                log.info("mccl: no AutoscalingCoordinator in this Ray: elastic jobs see new machines at Ray's pace")
+                return
+            _refresh_machines()
+
+
 class MCCLTrainer(TorchTrainer):
     """Ray Train's ``TorchTrainer`` for mccl: backend ``"mccl"``, one worker per machine, and a
     clear error instead of a job that stays PENDING.
@@ -257,15 +345,30 @@ class MCCLTrainer(TorchTrainer):
             replaced by ``placement_retries``: Ray's default (-1) retries an unplaceable worker
             group forever.
         resource: the custom resource each machine advertises one unit of.
-        placement_timeout_s: how long the placement group may stay unready before the job fails
-            (sets ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`` for this ``fit``).
-        placement_retries: how many more times to wait ``placement_timeout_s`` before giving up.
+        placement_timeout_s: how long the placement group may stay unready before the attempt
+            fails (sets ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`` for this ``fit``); default 60 s,
+            30 s for elastic jobs.
+        placement_retries: how many more times to wait ``placement_timeout_s`` before giving up;
+            default 0, 10 for elastic jobs (whose restarts may ask once for a machine that just left).
+        resource_refresh_s: elastic jobs only: refresh Ray's picture of the machines this often
+            and whenever workers fail (:func:`_refresh_machines`; Ray 2.60 refreshes it every 20
+            s); None leaves it to Ray.
         **kwargs: the remaining ``TorchTrainer`` arguments (``train_loop_config``, ``datasets``,
             ``dataset_config``, ...).
 
     Raises:
-        ValueError: from the constructor, for a non-mccl backend, elastic ``num_workers``, or a
-            per-worker amount of ``resource`` other than 1.
+        ValueError: from the constructor, for a non-mccl backend, an elastic range below one
+            worker, or a per-worker amount of ``resource`` other than 1.
+
+    Elastic jobs (``num_workers=(min, max)``): when a machine leaves (its agent stops the Ray
+    node, or it dies), the surviving workers' mccl calls fail within moments (a closed peer
+    fails every in-flight collective), Ray Train tears the worker group down and starts a new
+    one on the machines that remain, if at least ``min``, and ``ray.train.get_checkpoint()``
+    hands the loop its latest checkpoint; the new group is a new mccl communicator (fresh store
+    keys), never the dead one's endpoints. Every ``resize_interval_s`` a running job looks for
+    machines that joined and restarts onto them the same way, up to ``max``. Each restart counts
+    against ``FailureConfig.max_failures`` (a machine that left without draining) or
+    ``max_preemption_failures`` (a drained one; unlimited by default), so set ``max_failures``.
 
     ``fit()`` raises :class:`InsufficientMachinesError` before anything is scheduled when the
     live nodes cannot hold the workers, and :class:`PlacementTimeoutError` when they could but
@@ -275,8 +378,9 @@ class MCCLTrainer(TorchTrainer):
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *, scaling_config: ScalingConfig,
                  torch_config: Optional[TorchConfig] = None, run_config: Optional[RunConfig] = None,
-                 resource: str = DEFAULT_RESOURCE, placement_timeout_s: float = DEFAULT_PLACEMENT_TIMEOUT_S,
-                 placement_retries: int = 0, **kwargs: Any) -> None:
+                 resource: str = DEFAULT_RESOURCE, placement_timeout_s: Optional[float] = None,
+                 placement_retries: Optional[int] = None, resource_refresh_s: Optional[float] = 5.0,
+                 **kwargs: Any) -> None:
         if scaling_config is None:
             raise ValueError("MCCLTrainer needs a scaling_config, e.g. mccl.ray.scaling_config(num_workers=4)")
         if torch_config is None:
@@ -286,14 +390,24 @@ class MCCLTrainer(TorchTrainer):
                 raise ValueError(f"MCCLTrainer runs the {BACKEND_NAME!r} backend, got torch_config.backend="
                                  f"{torch_config.backend!r}")
             torch_config = MCCLConfig(init_method=torch_config.init_method, timeout_s=torch_config.timeout_s)
+        elastic = scaling_config.elasticity_enabled
+        if placement_timeout_s is None:
+            placement_timeout_s = DEFAULT_ELASTIC_PLACEMENT_TIMEOUT_S if elastic else DEFAULT_PLACEMENT_TIMEOUT_S
+        if placement_retries is None:
+            placement_retries = DEFAULT_ELASTIC_PLACEMENT_RETRIES if elastic else 0
         if placement_timeout_s <= 0:
             raise ValueError(f"placement_timeout_s must be positive, got {placement_timeout_s!r}")
         run_config = run_config or RunConfig()
         failure = run_config.failure_config or FailureConfig()
+        callbacks = list(run_config.callbacks or [])
+        if elastic and resource_refresh_s and not any(isinstance(c, _RefreshOnWorkerLoss) for c in callbacks):
+            callbacks.append(_RefreshOnWorkerLoss())
         run_config = dataclasses.replace(
-            run_config, failure_config=dataclasses.replace(failure, controller_failure_limit=placement_retries))
+            run_config, failure_config=dataclasses.replace(failure, controller_failure_limit=placement_retries),
+            callbacks=callbacks)
         self._mccl_resource = resource
         self._placement_timeout_s = float(placement_timeout_s)
+        self._resource_refresh_s = resource_refresh_s
         super().__init__(train_loop_per_worker, torch_config=torch_config,
                          scaling_config=_normalise_scaling(scaling_config, resource), run_config=run_config, **kwargs)
 
@@ -302,10 +416,14 @@ class MCCLTrainer(TorchTrainer):
         if not ray.is_initialized():
             ray.init()
         fits = check_capacity(self.scaling_config, self._mccl_resource)
-        log.info("mccl: %d worker(s) over nodes %s", self.scaling_config.num_workers, fits)
+        log.info("mccl: %s worker(s) over nodes %s", self.scaling_config.num_workers, fits)
+        refresh = self.scaling_config.elasticity_enabled and self._resource_refresh_s
         try:
             with _env(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, str(self._placement_timeout_s)):
-                return super().fit()
+                if not refresh:
+                    return super().fit()
+                with _ResourceRefresher(self._resource_refresh_s):
+                    return super().fit()
         except ControllerError as exc:
             if isinstance(exc.controller_failure, WorkerGroupStartupTimeoutError):
                 need = resources_per_worker(self.scaling_config)
