@@ -227,6 +227,16 @@ MCCL_API const char* mcclGetErrorString(mcclResult_t result);
  * shim) so that the environment has one reader. mcclInvalidArgument for an unknown name. */
 MCCL_API mcclResult_t mcclGetEnvInt(const char* name, int64_t* value);
 
+/* The name of the library's parameter number `index` (0, 1, ... in docs/ENVIRONMENT.md's table
+ * order), or NULL past the last; *is_string (if not NULL) is 1 for a string parameter (read it
+ * from the environment; mcclGetEnvInt refuses it) and 0 for an integer one. For tools that list
+ * what is in force (python -m mccl.info). */
+MCCL_API const char* mcclGetEnvName(int index, int* is_string);
+
+/* Which build of the reduction kernels this process runs, decided from the CPU at run time:
+ * "x86-64 AVX2 + F16C", "x86-64 baseline (...)", "arm64 baseline (NEON)" or "portable C". */
+MCCL_API const char* mcclGetReduceKernels(void);
+
 /* Bytes per element; 0 for a value outside mcclDataType_t. */
 MCCL_API size_t mcclDataTypeSize(mcclDataType_t datatype);
 

@@ -125,6 +125,12 @@ void mcclParamLogAll(void) {
               params[i].name, params[i].raw, (long long)params[i].value);
 }
 
+MCCL_API const char* mcclGetEnvName(int index, int* is_string) {
+  if (index < 0 || (size_t)index >= sizeof(params) / sizeof(params[0])) return NULL;
+  if (is_string) *is_string = params[index].is_string;
+  return params[index].name;
+}
+
 MCCL_API mcclResult_t mcclGetEnvInt(const char* name, int64_t* value) {
   mcclParam* p = name ? paramFind(name) : NULL;
   if (p == NULL || p->is_string || value == NULL) {

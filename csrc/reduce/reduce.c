@@ -675,6 +675,16 @@ void mcclReduceForcePortable(int on) {
   atomic_store_explicit(&force_portable, on != 0, memory_order_relaxed);
 }
 
+MCCL_API const char* mcclGetReduceKernels(void) {
+#if MCCL_REDUCE_X86
+  return simdLevel() ? "x86-64 AVX2 + F16C" : "x86-64 baseline (SSE2; this CPU lacks AVX2 or F16C)";
+#elif defined(__aarch64__) || defined(__arm64__)
+  return "arm64 baseline (NEON)";
+#else
+  return "portable C";
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Public entry points.
  */

@@ -5,7 +5,7 @@ Prints, in this order:
 - **mccl**: the package's version, the C library's, where it is imported from, how it was installed;
 - **build**: the torch it was built against and the one running, Python, the C and C++ compilers and
   their flags, the source commit (all from ``mccl/_build_info.py``, written by setup.py), and the
-  SIMD reduction kernels this CPU gets;
+  SIMD reduction kernels this CPU gets (as libmccl reports them);
 - **devices**: the device types the backend accepts, CPUs and memory, CUDA, MPS;
 - **network**: every interface with its addresses, and the address MCCL would listen on, found by
   creating a real 2-rank communicator over loopback in a child process (``--no-probe`` skips it);
@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import textwrap
@@ -128,25 +127,17 @@ def _mccl_section() -> dict[str, Any]:
     return out
 
 
+def _lib() -> ctypes.CDLL:
+    """libmccl's public C API, linked into the extension."""
+    return ctypes.CDLL(_C.__file__)
+
+
 def simd_kernels() -> str:
-    """The reduction kernels libmccl runs on this CPU, by the rule of csrc/reduce/reduce.c (the
-    library decides from CPUID at run time and has no call that reports its choice, so this reads
-    the same CPU features)."""
-    machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64"):
-        if sys.platform == "darwin":
-            flags = set(((_sysctl("machdep.cpu.leaf7_features") or "") + " " +
-                         (_sysctl("machdep.cpu.features") or "")).lower().split())
-        else:
-            flags = set((_cpuinfo("flags") or "").split())
-        if not flags:
-            return "unknown (the CPU's features could not be read)"
-        if "avx2" in flags and "f16c" in flags:
-            return "AVX2 + F16C (this CPU has avx2 and f16c; the baseline SSE2 build is the fallback)"
-        return "baseline SSE2 (this CPU lacks avx2 or f16c: float16 reductions run at scalar speed)"
-    if machine in ("arm64", "aarch64"):
-        return "baseline NEON"
-    return f"portable C ({machine})"
+    """The build of the reduction kernels libmccl runs on this CPU, as the library reports it
+    (mcclGetReduceKernels: it decides from CPUID at run time)."""
+    fn = _lib().mcclGetReduceKernels
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def _build_section() -> dict[str, Any]:
@@ -233,20 +224,26 @@ def _network_section(probe: bool) -> dict[str, Any]:
 # ---- environment ---------------------------------------------------------------------------------
 
 def library_parameters() -> tuple[dict[str, int], set[str]]:
-    """(integer parameters of libmccl and the value in force of each, every MCCL_* name the library
-    mentions). The names come from the extension's own bytes (libmccl is linked into it), so that
-    the table in csrc/core/param.c stays the one list; mcclGetEnvInt picks the integer ones and
-    gives their values (read once per process, as the library does)."""
-    with open(_C.__file__, "rb") as f:
-        names = {m.decode() for m in re.findall(rb"MCCL_[A-Z][A-Z0-9_]*[A-Z0-9]", f.read())}
-    get = ctypes.CDLL(_C.__file__).mcclGetEnvInt
+    """(integer parameters of libmccl and the value in force of each, the names of all its
+    parameters), from the library's own table (mcclGetEnvName, mcclGetEnvInt; csrc/core/param.c
+    stays the one list). Values are read once per process, as the library does."""
+    lib = _lib()
+    name_of = lib.mcclGetEnvName
+    name_of.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    name_of.restype = ctypes.c_char_p
+    get = lib.mcclGetEnvInt
     get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
     get.restype = ctypes.c_int
-    values = {}
-    for name in sorted(names):
+    names, values = set(), {}
+    for i in range(10_000):
+        is_string = ctypes.c_int()
+        name = name_of(i, ctypes.byref(is_string))
+        if name is None:
+            break
+        names.add(name.decode())
         value = ctypes.c_int64()
-        if get(name.encode(), ctypes.byref(value)) == 0:
-            values[name] = value.value
+        if not is_string.value and get(name, ctypes.byref(value)) == 0:
+            values[name.decode()] = value.value
     return values, names
 
 
