@@ -3,8 +3,9 @@ the status command and service files, and the real agent joining and leaving a l
 
 Fakes drive the rule and the state machine (a fake clock, probes whose answer the test sets).
 The real process and login probes see real processes whose argv[0] the test sets: a sleeping
-process named "Pro Tools", and one named like OpenSSH's per-session process
-("sshd: artist@pts/7"). Every subprocess has a deadline and is stopped by its process id.
+process named "Pro Tools" (with this run's token after it where other runs on the machine could
+see it too), and one named like OpenSSH's per-session process ("sshd: artist<token>@pts/7").
+Every subprocess has a deadline and is stopped by its process id.
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ from mccl.agent.service import launchd_plist, systemd_unit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
+# The process probes see the whole machine, where other test runs may start their own fakes at
+# the same time: this run's fakes carry a token of their own, and the agent here watches for them.
+TOKEN = f"t{os.getpid()}"
+PRO_TOOLS = f"Pro Tools {TOKEN}"
+SSH = f"sshd: artist{TOKEN}@pts/7"
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -350,45 +356,53 @@ def test_manual_switch_through_the_command_line(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_busy_app_probe_sees_a_pro_tools_process():
-    probe = BusyAppProbe()
-    assert probe.read(ProbeContext()).busy is False, "a process matching the default busy list runs here already"
-    proc = fake_process("Pro Tools")
+    probe = BusyAppProbe([PRO_TOOLS])
+    assert probe.read(ProbeContext()).busy is False
+    proc = fake_process(PRO_TOOLS)
+    plain = fake_process("Pro Tools")  # the default list's name exactly
     try:
-        wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == ["Pro Tools"], 10, "the fake app's argv")
-        r = probe.read(ProbeContext())
-        assert r == Reading("apps", True, f"'Pro Tools' is running (pid {proc.pid})", 1.0)
+        wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == [PRO_TOOLS], 10, "the fake app's argv")
+        wait_for(lambda: psutil.Process(plain.pid).cmdline()[:1] == ["Pro Tools"], 10, "the fake app's argv")
+        assert probe.read(ProbeContext()) == Reading("apps", True, f"{PRO_TOOLS!r} is running (pid {proc.pid})", 1.0)
         # The agent's own processes never count (the job's workers could carry any name).
         assert probe.read(ProbeContext(own_pids=frozenset([proc.pid]))).busy is False
-        assert BusyAppProbe(["pro tools"]).read(ProbeContext()).busy is True  # case-insensitive
-        assert BusyAppProbe(["Logic*"]).read(ProbeContext()).busy is False
+        assert BusyAppProbe([PRO_TOOLS.lower()]).read(ProbeContext()).busy is True  # case-insensitive
+        assert BusyAppProbe([f"Logic* {TOKEN}"]).read(ProbeContext()).busy is False
+        # The default list (Pro Tools first) sees the plain one.
+        r = BusyAppProbe().read(ProbeContext())
+        assert r.busy is True and r.detail.startswith("'Pro Tools' is running (pid "), r
     finally:
         stop_process(proc)
+        stop_process(plain)
     assert probe.read(ProbeContext()).busy is False
 
 
 @pytest.mark.timeout(60)
 def test_remote_probe_sees_an_ssh_session_process_and_login_records():
-    probe = RemoteSessionProbe()
-    assert probe.read(ProbeContext()).busy is False, "a remote session is open on this machine already"
-    proc = fake_process("sshd: artist@pts/7")
+    mine = RemoteSessionProbe(remote_processes=[f"sshd: *{TOKEN}@*"])
+    assert mine.read(ProbeContext()).busy is False
+    proc = fake_process(SSH)
     try:
-        wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == ["sshd: artist@pts/7"], 10, "argv")
-        assert probe.read(ProbeContext()) == Reading(
-            "remote", True, f"remote session process 'sshd: artist@pts/7' (pid {proc.pid})", 1.0)
-        assert RemoteSessionProbe(ignore_users=["artist"]).read(ProbeContext()).busy is False
+        wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == [SSH], 10, "argv")
+        assert mine.read(ProbeContext()) == Reading("remote", True, f"remote session process {SSH!r} (pid {proc.pid})",
+                                                    1.0)
+        assert RemoteSessionProbe().read(ProbeContext()).busy is True  # the default patterns match it too
+        assert RemoteSessionProbe(ignore_users=[f"artist{TOKEN}"], remote_processes=[f"sshd: *{TOKEN}@*"]).read(
+            ProbeContext()).busy is False
     finally:
         stop_process(proc)
-    assert probe.read(ProbeContext()).busy is False
+    assert mine.read(ProbeContext()).busy is False
     # Login records (utmp, through psutil.users()): remote hosts count, the local display does not.
     User = collections.namedtuple("suser", "name terminal host started pid")
     local = User("editor", "console", "", 0.0, 1)
     x11 = User("editor", ":0", ":0", 0.0, 2)
     ssh = User("editor", "pts/3", "10.1.2.3", 0.0, 3)
     admin = User("fleetadmin", "pts/4", "10.9.9.9", 0.0, 4)
-    assert RemoteSessionProbe(users=lambda: [local, x11]).read(ProbeContext()).busy is False
-    assert RemoteSessionProbe(users=lambda: [local, ssh, admin]).read(ProbeContext()) == Reading(
+    none = dict(remote_processes=[])
+    assert RemoteSessionProbe(users=lambda: [local, x11], **none).read(ProbeContext()).busy is False
+    assert RemoteSessionProbe(users=lambda: [local, ssh, admin], **none).read(ProbeContext()) == Reading(
         "remote", True, "remote login: editor on pts/3 from 10.1.2.3 and 1 more", 2.0)
-    assert RemoteSessionProbe(ignore_users=["fleetadmin"], users=lambda: [admin]).read(ProbeContext()).busy is False
+    assert RemoteSessionProbe(ignore_users=["fleetadmin"], users=lambda: [admin], **none).read(ProbeContext()).busy is False
 
 
 @pytest.mark.timeout(60)
@@ -533,7 +547,7 @@ def test_agent_joins_a_ray_head_and_leaves_for_pro_tools_and_a_remote_login(tmp_
 [ray]
 address = "{ray_head}"
 extra_args = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=80000000"]
-stop_timeout_s = 2.0
+drain_s = 1.0      # drain through the GCS first (Ray Train would see a preemption), at most 1 s
 env = {{ RAY_AUTH_MODE = "disabled" }}
 [agent]
 poll_interval_s = 0.5
@@ -547,6 +561,10 @@ enabled = false    # other engineers share this machine's 2 cores
 enabled = false
 [probes.schedule]
 windows = ["00:00-24:00"]
+[probes.apps]
+names = ["{PRO_TOOLS}"]
+[probes.remote]
+processes = ["sshd: *{TOKEN}@*"]
 """)
     log = open(tmp_path / "agent.log", "w")
     started = time.time()
@@ -585,10 +603,11 @@ windows = ["00:00-24:00"]
         node_pid = json.load(open(state / "status.json"))["node"]["pid"]
         node_pids.append(node_pid)
 
-        pro_tools = leave_time("Pro Tools")
+        pro_tools = leave_time(PRO_TOOLS)
         trs = transitions()
         assert (trs[-1]["old"], trs[-1]["new"], trs[-1]["action"]) == ("in", "out", "leave")
-        assert trs[-1]["reason"].startswith("apps: 'Pro Tools' is running"), trs[-1]
+        assert trs[-1]["reason"].startswith(f"apps: {PRO_TOOLS!r} is running"), trs[-1]
+        assert trs[-1]["outcome"].startswith("drained, stopped in "), trs[-1]
         assert not psutil.pid_exists(node_pid) or psutil.Process(node_pid).status() == psutil.STATUS_ZOMBIE
 
         # Flapping: Pro Tools comes and goes every 1.5 s for 12 s (< the 4 s idle period): no join.
@@ -596,15 +615,15 @@ windows = ["00:00-24:00"]
         flap_start = time.time()
         for _ in range(4):
             time.sleep(1.5)
-            fakes.append(fake_process("Pro Tools"))
+            fakes.append(fake_process(PRO_TOOLS))
             time.sleep(1.5)
             stop_process(fakes.pop())
         assert not [t for t in transitions() if t["new"] == "in" and t["time"] > flap_start], transitions()[-6:]
         assert not joined_nodes()
 
         wait_for(lambda: joined_nodes(), 150, "the node to join again once Pro Tools stayed closed")
-        remote = leave_time("sshd: artist@pts/7")
-        assert transitions()[-1]["reason"].startswith("remote: remote session process 'sshd: artist@pts/7'")
+        remote = leave_time(SSH)
+        assert transitions()[-1]["reason"].startswith(f"remote: remote session process {SSH!r}")
         stop_process(fakes.pop())
 
         st = subprocess.run([PY, "-m", "mccl.agent", "--config", str(cfg), "status", "--json"], capture_output=True,

@@ -24,11 +24,10 @@ import textwrap
 import time
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
-from mccl.data import (DataIntegrityError, Manifest, ManifestDataset, RankShardSampler, ShardCache, SharedStore,
-                       build_manifest, rank_files, walk_files)
+from mccl.data import (DataIntegrityError, Manifest, ManifestDataset, RankShardSampler, ShardCache, build_manifest,
+                       rank_files, walk_files)
 from mccl.data.cache import HEADER, MAGIC, _digest
 
 PY = sys.executable
@@ -456,8 +455,7 @@ def test_dataset_through_the_cache_in_dataloader_workers(tmp_path):
     make_tree(str(root), n_files=200, per_dir=50)
     m = build_manifest(str(root))
     cache = _fill(m, str(tmp_path / "c"))
-    decode = lambda data, entry: (entry.path, len(data))
-    data = ManifestDataset(m, cache, decode=_decode)
+    data = ManifestDataset(m, cache, decode=_decode)  # a module-level function: DataLoader workers unpickle it
     sampler = RankShardSampler(data, rank=0, world_size=1, shuffle=False)
     loader = DataLoader(data, batch_size=16, sampler=sampler, num_workers=2, collate_fn=list)
     got = [item for batch in loader for item in batch]
@@ -467,7 +465,6 @@ def test_dataset_through_the_cache_in_dataloader_workers(tmp_path):
     assert cache.stats == {**cache.stats, "hits": 200, "misses": 0}
     plain = ManifestDataset(m)
     assert plain[3] == open(m.full_path(m[3]), "rb").read() and plain.store.reads == 1
-    del decode
 
 
 def _decode(data, entry):

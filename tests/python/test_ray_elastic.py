@@ -237,3 +237,99 @@ def test_elastic_job_survives_a_lost_node_and_grows_back(tmp_path):
                 os.killpg(j.pid, signal.SIGKILL)
                 j.wait()
         cluster.stop_all()
+
+
+@pytest.mark.skipif(not HEAVY, reason="end to end with mccl-agent: several minutes; MCCL_HEAVY_TESTS=1 runs it")
+@pytest.mark.timeout(900)
+def test_elastic_job_with_a_node_run_by_mccl_agent(tmp_path):
+    """Node c is mccl-agent's: a fake Pro Tools makes the agent drain and stop it mid-training, the
+    job goes on with 2 workers; once Pro Tools has stayed closed for the idle period the agent
+    starts the node again and the job grows back to 3."""
+    cluster = Cluster(tmp_path)
+    jobs, fakes = [], []
+    agent = None
+    state = tmp_path / "agent-state"
+    try:
+        for i, name in enumerate(("head", "b")):
+            cluster.join(name, i + 1)
+        cfg = tmp_path / "agent.toml"
+        pro_tools = f"Pro Tools t{os.getpid()}"  # this run's: other runs on the machine start fakes too
+        env = ", ".join(f'{k} = "{v}"' for k, v in RAY_ENV.items())
+        cfg.write_text(f"""
+[ray]
+address = "{cluster.address}"
+extra_args = {json.dumps(NODE_ARGS)}
+env = {{ {env} }}
+[agent]
+poll_interval_s = 0.5
+join_after_s = 5.0
+state_dir = "{state}"
+[probes.input]
+enabled = false
+[probes.cpu]
+enabled = false
+[probes.gpu]
+enabled = false
+[probes.schedule]
+windows = ["00:00-24:00"]
+[probes.apps]
+names = ["{pro_tools}"]
+""")
+        log = open(tmp_path / "agent.log", "w")
+        agent = subprocess.Popen([PY, "-m", "mccl.agent", "--config", str(cfg), "run"], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **RAY_ENV))
+        log.close()
+        wait_for(lambda: cluster.alive() == 3, 240, "the agent's node to join")
+        log_path = str(tmp_path / "progress.jsonl")
+        job = run_example(cluster, tmp_path, "agent-elastic", "--min-workers", "2", "--max-workers", "3",
+                          "--epochs", "12", "--step-delay", "0.25", "--resize-interval", "10", "--timeout", "30",
+                          "--progress-log", log_path)
+        jobs.append(job)
+        steps = lambda world: [r for r in progress(log_path) if "step" in r and r["world"] == world]  # noqa: E731
+        wait_for(lambda: [r for r in steps(3) if r["epoch"] >= 1 and r["step"] >= 3], 240, "3 workers in epoch 1")
+        t0 = time.monotonic()
+        fakes.append(subprocess.Popen(["bash", "-c", f'exec -a "{pro_tools}" sleep 600'], start_new_session=True))
+        wait_for(lambda: cluster.alive() == 2, 30, "the agent's node to leave")
+        t_leave = time.monotonic() - t0
+        first3 = steps(3)[0]["attempt"]
+        wait_for(lambda: steps(2), 120, "steps on 2 workers")
+        t_resume = time.monotonic() - t0
+        fakes.pop().kill()
+        t1 = time.monotonic()
+        wait_for(lambda: [r for r in steps(3) if r["attempt"] != first3], 240, "3 workers again after the agent rejoined")
+        t_grow = time.monotonic() - t1
+        assert job.wait(timeout=400) == 0, (tmp_path / "agent-elastic.out").read_text()[-4000:]
+        out = (tmp_path / "agent-elastic.out").read_text()
+        trs = [json.loads(line) for line in open(state / "transitions.jsonl")]
+        leave = [t for t in trs if t["action"] == "leave"][0]
+        print(f"\nagent left {t_leave:.1f} s after Pro Tools started ({leave['outcome']}); steps on 2 workers after "
+              f"{t_resume:.1f} s; Pro Tools closed -> 3 workers after {t_grow:.1f} s (agent idle period 5 s); "
+              f"{out.split('final validation accuracy ')[1].splitlines()[0]}")
+        assert leave["reason"].startswith(f"apps: {pro_tools!r} is running") and t_leave <= 5.0
+        assert "parameters bitwise equal on all 3 workers" in out and final_accuracy(out) >= 95.0
+    finally:
+        for f in fakes:
+            f.kill()
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+                j.wait()
+        if agent is not None:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+                try:
+                    agent.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            st = json.load(open(state / "status.json")) if (state / "status.json").exists() else {}
+            pid = (st.get("node") or {}).get("pid")
+            if pid:
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # the node's own session, if the agent left it behind
+                except (ProcessLookupError, PermissionError):
+                    pass
+        cluster.stop_all()

@@ -22,7 +22,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mccl-agent", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="mccl-agent", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None,
                         help="configuration file (default: $MCCL_AGENT_CONFIG, /etc/mccl-agent.toml, ~/.mccl-agent/agent.toml)")

@@ -35,7 +35,7 @@ class RaySection:
     launcher: str = "mccl"
     ifname: str = ""
     drain_s: float = 0.0
-    stop_timeout_s: float = 3.0
+    stop_timeout_s: float = 1.0
     env: dict = field(default_factory=dict)
 
 
@@ -253,7 +253,7 @@ extra_args = []                # more `ray start` arguments, e.g. ["--num-cpus=1
 launcher = "mccl"              # "mccl": python -m mccl.ray.node (checks mccl first); "ray": ray start
 ifname = ""                    # MCCL_SOCKET_IFNAME for the workers started here, e.g. "en0"
 drain_s = 0.0                  # > 0: drain the node (Ray preemption) this long before stopping it
-stop_timeout_s = 3.0           # SIGTERM, then SIGKILL after this long
+stop_timeout_s = 1.0           # SIGTERM, then SIGKILL after this long
 env = {}                       # more environment for the node, e.g. { RAY_memory_monitor_refresh_ms = "0" }
 
 [agent]

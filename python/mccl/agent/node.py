@@ -11,8 +11,9 @@ train on) and then replaces itself with ``ray start``, so the command that runs 
 Leaving: when ``drain_s`` > 0 the node is first drained through the GCS (Ray's ``DrainNode``
 with reason preemption and a deadline ``drain_s`` ahead), which tells Ray Train the node is being
 preempted rather than failing (``FailureConfig.max_preemption_failures``) and stops new work
-from landing here; then the node gets SIGTERM (``ray start --block`` stops its processes), and
-whatever is still alive after ``stop_timeout_s`` gets SIGKILL.
+from landing here; then the node gets SIGTERM (``ray start --block`` marks the node as draining
+and stops its processes, but would wait up to 30 s for a running job), and whatever is still
+alive after ``stop_timeout_s`` gets SIGKILL.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class RayNode:
 
     def __init__(self, address: str, resource: str = "pool:mac", units: int = 1, extra_args: Sequence[str] = (),
                  launcher: str = "mccl", ifname: Optional[str] = None, drain_s: float = 0.0,
-                 stop_timeout_s: float = 3.0, log_path: Optional[str] = None, env: Optional[dict] = None,
+                 stop_timeout_s: float = 1.0, log_path: Optional[str] = None, env: Optional[dict] = None,
                  python: str = sys.executable):
         if launcher not in ("mccl", "ray"):
             raise ValueError(f"launcher must be 'mccl' or 'ray', got {launcher!r}")
@@ -111,6 +112,11 @@ class RayNode:
                 out.close()
         self.started_at = time.monotonic()
         log.info("started Ray node (pid %d): %s", self.proc.pid, self.shown())
+        if self.drain_s > 0:
+            try:  # import Ray's GCS client now: leaving must not wait for the import
+                from ray._raylet import GcsClient  # noqa: F401
+            except ImportError as exc:
+                log.warning("cannot drain before leaving (%s): the node will be stopped without draining", exc)
 
     def pids(self) -> frozenset:
         """The node's process and every process under it (raylet, agents, workers)."""
@@ -170,7 +176,7 @@ class RayNode:
             # Give the job's workers until the drain deadline to notice and exit on their own.
             deadline = t0 + self.drain_s
             while time.monotonic() < deadline and self.proc.poll() is None:
-                workers = [p for p in procs if p.is_running() and p.pid != self.proc.pid and "ray::" in _name(p)]
+                workers = [p for p in procs if _alive(p) and _is_job_worker(p)]
                 if not workers:
                     break
                 time.sleep(0.2)
@@ -203,6 +209,16 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+#: Ray's own per-node processes, and its idle workers: not the job's.
+_RAY_SYSTEM = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _is_job_worker(p: psutil.Process) -> bool:
+    """A Ray worker running a task or actor (``ray::RayTrainWorker...``), not Ray's own."""
+    name = _name(p)
+    return name.startswith("ray::") and not name.startswith(_RAY_SYSTEM)
 
 
 def _name(p: psutil.Process) -> str:
