@@ -61,5 +61,5 @@ def test_unknown_mccl_algo_is_a_warning_and_changes_nothing():
     env = {"MCCL_ALGO": "bogus", "MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}
     for v in check_ok(run_ranks(_run, 2, env=env, deadline_s=60)):
         assert v["exact"]
-        assert "MCCL_ALGO=bogus is not 'ring', 'tree' or 'doubling'" in v["log"], v["log"]
+        assert "MCCL_ALGO=bogus is not 'ring', 'tree', 'doubling' or 'twolevel'" in v["log"], v["log"]
         assert "allreduce of 16 float32 runs as doubling (small)" in v["log"], v["log"]
