@@ -10,8 +10,7 @@
 #include "transport/wire.h"
 
 static const char* const kPlanName[MCCL_PLAN_KINDS] = {
-    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "linear", "dissemination",
-    "two-level"};
+    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "two-level"};
 
 const char* mcclPlanName(mcclPlanKind kind) {
   return (unsigned)kind < MCCL_PLAN_KINDS ? kPlanName[kind] : "unknown";
@@ -124,13 +123,9 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
       *why = ctx->alltoall_window >= 0 ? "MCCL_ALLTOALL_WINDOW" : ctx->single_host ? "one host" : "across hosts";
       return plan(MCCL_PLAN_PAIRWISE, window);
     }
-    case MCCL_COLL_GATHER:
-    case MCCL_COLL_SCATTER:
-      *why = "every block crosses root's link once";
-      return plan(MCCL_PLAN_LINEAR, 0);
-    default:
-      *why = "log2 n rounds";
-      return plan(MCCL_PLAN_DISSEMINATION, 0);
+    default: /* gather, scatter, barrier: one algorithm each, nothing to choose (select.h) */
+      *why = "the only algorithm";
+      return plan(MCCL_PLAN_RING, 0);
   }
 }
 

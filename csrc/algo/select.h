@@ -31,8 +31,6 @@ typedef enum {
   MCCL_PLAN_SCATTER_ALLGATHER, /* broadcast: scatter, then a ring all-gather */
   MCCL_PLAN_TREE,              /* broadcast, reduce: a binomial tree */
   MCCL_PLAN_PAIRWISE,          /* all-to-all(v): pairwise exchange, `window` steps at a time */
-  MCCL_PLAN_LINEAR,            /* gather, scatter: root exchanges with every rank at once */
-  MCCL_PLAN_DISSEMINATION,     /* barrier */
   MCCL_PLAN_TWO_LEVEL,         /* all-reduce: reduce-scatter in each topology group, all-reduce
                                   across the groups, all-gather in each group (ring.c) */
   MCCL_PLAN_KINDS
@@ -43,7 +41,9 @@ typedef struct {
   int window; /* MCCL_PLAN_PAIRWISE: steps in flight (0: all n - 1) */
 } mcclPlan;
 
-/* How `op` runs on this communicator. Logs each (collective, plan) pair the first time the
+/* How `op` (all-reduce, broadcast, all-gather, reduce-scatter, reduce or all-to-all: the
+ * collectives with more than one algorithm; gather, scatter and barrier have one each) runs on
+ * this communicator. Logs each (collective, plan) pair the first time the
  * communicator uses it, at INFO (subsystem COLL), with the reason. */
 mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op);
 

@@ -63,7 +63,8 @@ static int keyMatches(const char* key, const mcclSockaddr* a, int have_addr, con
 static int mapLookup(char* text, int is_file, const mcclSockaddr* a, int have_addr, const char* hostname,
                      char* out) {
   char* save = NULL;
-  for (char* entry = strtok_r(text, is_file ? "\n" : ",;\n", &save); entry; entry = strtok_r(NULL, is_file ? "\n" : ",;\n", &save)) {
+  const char* delims = is_file ? "\n" : ",;\n";
+  for (char* entry = strtok_r(text, delims, &save); entry; entry = strtok_r(NULL, delims, &save)) {
     char* hash = strchr(entry, '#');
     if (hash) *hash = '\0';
     char* e = trim(entry);

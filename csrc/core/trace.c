@@ -102,11 +102,10 @@ void mcclTraceSpan(mcclTrace* tr, int track, mcclTraceKind kind, int64_t start_n
   pthread_mutex_unlock(&tr->mu);
 }
 
-static void trackName(const mcclTrace* tr, int track, char* out, size_t cap) {
+static void trackName(int track, char* out, size_t cap) {
   if (track == 0) snprintf(out, cap, "engine");
   else if (track % 2 == 1) snprintf(out, cap, "send to rank %d", (track - 1) / 2);
   else snprintf(out, cap, "recv from rank %d", (track - 2) / 2);
-  (void)tr;
 }
 
 /* Writes the JSON; with tr->mu held. Returns 0, or an errno. */
@@ -130,7 +129,7 @@ static int writeTrace(mcclTrace* tr) {
   for (int track = 0; track <= 2 * tr->nranks; track++) {
     if (track != 0 && (track - 1) / 2 == tr->rank) continue;
     char name[64];
-    trackName(tr, track, name, sizeof(name));
+    trackName(track, name, sizeof(name));
     fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}",
             tr->rank, track, name);
     fprintf(f, ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",

@@ -195,6 +195,17 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
 
 /* A peer's connection ended while the mesh was being confirmed: its init failed. The store
  * (`watch`) has its reason, published before it closed. */
+/* Every MCCL_INIT_WATCH_MS while the mesh opens: has another rank given up on this init? 1 with
+ * its reason in t->error, else 0. */
+static int watchSaysFailed(mcclTransport* t, const mcclTransportWatch* watch, int64_t now, int64_t* next_watch) {
+  if (watch == NULL || watch->failed == NULL || now < *next_watch) return 0;
+  *next_watch = now + MCCL_INIT_WATCH_MS * 1000000LL;
+  char why[sizeof(t->error)];
+  if (!watch->failed(watch->ctx, why, sizeof(why))) return 0;
+  snprintf(t->error, sizeof(t->error), "%s", why);
+  return 1;
+}
+
 static mcclResult_t readyLost(mcclTransport* t, const mcclTransportWatch* watch, int peer, int err) {
   char why[sizeof(t->error)];
   if (watch != NULL && watch->failed != NULL && watch->failed(watch->ctx, why, sizeof(why))) {
@@ -256,14 +267,9 @@ static mcclResult_t meshReady(mcclTransport* t, const mcclTransportAuth* auth, c
       res = mcclTimeout;
       goto done;
     }
-    if (watch != NULL && watch->failed != NULL && now >= next_watch) {
-      next_watch = now + MCCL_INIT_WATCH_MS * 1000000LL;
-      char why[sizeof(t->error)];
-      if (watch->failed(watch->ctx, why, sizeof(why))) {
-        snprintf(t->error, sizeof(t->error), "%s", why);
-        res = mcclRemoteError;
-        goto done;
-      }
+    if (watchSaysFailed(t, watch, now, &next_watch)) {
+      res = mcclRemoteError;
+      goto done;
     }
     int64_t wait_ms = (deadline_ns - now) / 1000000LL;
     if (wait_ms > 50) wait_ms = 50;
@@ -389,14 +395,9 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
       res = strncmp(last_why[r], "its published", 13) == 0 ? mcclInvalidArgument : mcclSystemError;
       goto done;
     }
-    if (watch != NULL && watch->failed != NULL && now >= next_watch) {
-      next_watch = now + MCCL_INIT_WATCH_MS * 1000000LL;
-      char why[sizeof(t->error)];
-      if (watch->failed(watch->ctx, why, sizeof(why))) {
-        snprintf(t->error, sizeof(t->error), "%s", why);
-        res = mcclRemoteError;
-        goto done;
-      }
+    if (watchSaysFailed(t, watch, now, &next_watch)) {
+      res = mcclRemoteError;
+      goto done;
     }
     if (now >= deadline_ns) {
       char missing[600] = "";
