@@ -82,6 +82,9 @@ def _entry(fn, rank, world_size, store_spec, backend, pg_timeout_s, args, out, e
     global _events, _rank, _raw_store
     _events, _rank = events, rank
     _die_with_parent()
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's hang report (_dump_stacks)
     start = time.monotonic()
     failed = False
     try:
@@ -196,6 +199,35 @@ def _context(start_method: str):
     return ctx
 
 
+def _dump_stacks(procs, ranks) -> None:
+    """Before a hung job is killed: every thread's Python stack of each rank in ``ranks`` on stderr
+    (faulthandler, SIGUSR1), and, where py-spy is on PATH (or MCCL_PY_SPY names it), each rank's
+    native and Python stacks too, so a hang's report says where every thread was."""
+    import shutil
+    import subprocess
+
+    spy = os.environ.get("MCCL_PY_SPY") or shutil.which("py-spy")
+    for r in ranks:
+        p = procs[r]
+        if p.pid is None or not p.is_alive():
+            continue
+        sys.stderr.write(f"==== rank {r} (pid {p.pid}) hung: its threads ====\n")
+        sys.stderr.flush()
+        try:
+            os.kill(p.pid, signal.SIGUSR1)
+        except OSError:
+            continue
+        time.sleep(1.0)
+        if spy:
+            try:
+                res = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True,
+                                     text=True, timeout=30)
+                sys.stderr.write(res.stdout + res.stderr)
+            except (OSError, subprocess.SubprocessError) as exc:
+                sys.stderr.write(f"py-spy failed: {exc}\n")
+        sys.stderr.flush()
+
+
 def run_job(fn: Callable, world_size: int, *args, backend: str | None = "mccl",
             deadline_s: float = 120.0, pg_timeout_s: float = 60.0, store: str = "file",
             driver: Callable[[Job], Any] | None = None, pre_init: Callable | None = None,
@@ -227,6 +259,10 @@ def run_job(fn: Callable, world_size: int, *args, backend: str | None = "mccl",
                                                   events, pre_init, exit_code_on_error, dict(env or {})),
                              daemon=True) for r in range(world_size)]
         results: dict[int, RankResult] = {}
+        # MCCL_TEST_DEADLINE_CAP_S shortens every job's deadline (a device run that must fit its slot).
+        cap = float(os.environ.get("MCCL_TEST_DEADLINE_CAP_S", "0") or 0)
+        if cap > 0:
+            deadline_s = min(deadline_s, cap)
         until = time.monotonic() + deadline_s
         job = Job(procs, events, host, until)
         thread = None
@@ -247,6 +283,7 @@ def run_job(fn: Callable, world_size: int, *args, backend: str | None = "mccl",
                     break  # the driver failed: stop the ranks now, then raise its error
                 left = until - time.monotonic()
                 if left <= 0:
+                    _dump_stacks(procs, sorted(set(range(world_size)) - set(results)))
                     raise AssertionError(f"deadline of {deadline_s:.0f} s passed; ranks "
                                          f"{sorted(set(range(world_size)) - set(results))} never finished (hang)")
                 try:
