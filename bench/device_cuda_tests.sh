@@ -2,7 +2,7 @@
 # One device call on the GPU machine: build the extension against the machine's torch (with CUDA),
 # then run the device tests (tests/python/test_devices.py, which skip on machines without a GPU),
 # each test in a pytest process of its own under TEST_TIMEOUT seconds (default 90), JOBS (3) at a
-# time (the host-stall test alone), every log under $OUT/logs, failures' tails in $OUT/tests.log;
+# time (the host-stall test alone), every log in $OUT/logs.tgz, failures' tails in $OUT/tests.log;
 # one hang costs one test, not the call, and prints every hung rank's stacks. TESTS narrows the selection (a pytest -k expression).
 #
 #   bash bench/device_cuda_tests.sh                  # every device test
@@ -44,7 +44,10 @@ for id in $ids; do
   one $n "$id" &
 done
 wait
+set +f
 for f in $(ls "$OUT"/logs/*.sum | sort -V); do
   cat "$f" | tee -a "$OUT/tests.log"
   grep -q "rc=0 " "$f" || grep -v "FutureWarning\|return func\|^\s*$" "${f%.sum}.log" | tail -n 150 >> "$OUT/tests.log"
 done
+# One file back (the device tool returns few): every log in a tarball.
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
