@@ -1,4 +1,5 @@
-"""An emulated cluster on one Linux machine: N hosts as network namespaces on one bridge.
+"""An emulated cluster on one Linux machine: N hosts as network namespaces on one bridge, or on
+K bridges ("switches") joined through a core bridge by shaped uplinks.
 
 Every host is a network namespace ``mccl-<id>-h<i>`` with one interface ``eth0`` (address
 ``198.18.0.<i+1>/24`` by default, from the benchmarking range RFC 2544 reserves, so it never meets
@@ -9,21 +10,38 @@ paper). Every name the tool creates starts with ``mccl-<id>-``, so clusters with
 anything else on the machine never collide, and ``down`` finds everything by name even when the
 process that brought the cluster up crashed.
 
+With ``up --switches K --hosts-per-switch H --uplink-rate R`` there is one bridge per switch,
+``mccl-<id>-br<k>``, and a core bridge ``mccl-<id>-core``; switch k's uplink is the veth pair
+``mccl-<id>-up<k>`` (a port of switch k's bridge) / ``mccl-<id>-cu<k>`` (a port of the core), a
+star, so there is no L2 loop. Both uplink ends are shaped with ``tbf`` at R (default: the host
+rate), so each direction between switch k and the rest is limited to R; host links keep
+``--rate``. Hosts are numbered switch by switch (0..H-1 on switch 0, H..2H-1 on switch 1, ...);
+``--hosts-per-switch 3,4,3`` gives uneven switches. All hosts share one subnet (198.18.0.0/16 by
+default), so every host reaches every other at L2 through the core, but host j of switch k gets
+``198.18.k.(j+1)``: MCCL's topology detection, which groups ranks by IPv4 /24, puts each switch's
+hosts in one group without configuration. ``--switches 1`` (the default) is the single bridge
+above, names and addresses unchanged.
+
 Commands (``python -m mccl.cluster <command> --help`` for options; all but ``status`` need root)::
 
     up       --hosts 4 --rate 2gbit        bring a cluster up (rolled back if anything fails);
              [--cpus-per-host C]            with C: pin each host's processes to C CPUs of its own
+             [--switches K --hosts-per-switch H --uplink-rate R]   K switches of H hosts, R uplinks
     down     [--all]                        remove everything it created; idempotent
     status                                  what exists now, with addresses, qdiscs, pinned CPUs
     run      [--nproc N] -- CMD ARGS...     CMD once per rank, rank i in host i, torchrun-style env
+             [--rank-order shuffle[:SEED]]  ranks to hosts in a seeded shuffled order (or interleave)
     exec     --host I -- CMD ARGS...        one command inside host I (no rank environment)
     goodput  [--server 0 --client 1]        single-stream TCP goodput between two hosts
+             [--across-switches]            from switch 1's first host to host 0: an uplink's goodput
 
 ``run`` gives every rank MASTER_ADDR/MASTER_PORT (host 0), RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME,
 TORCHELASTIC_RUN_ID, OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0 (Gloo otherwise resolves the
 machine's host name to an address that does not exist inside the namespace), and kills every rank
-when one fails, when the deadline passes, or when the tool itself is interrupted.
+when one fails, when the deadline passes, or when the tool itself is interrupted. With
+``--rank-order`` other than ``in-order`` it prints which host (and switch) each rank runs in, and
+MASTER_ADDR is rank 0's host; every rank also gets MCCL_CLUSTER_HOST and MCCL_CLUSTER_SWITCH.
 
 The hosts share the machine's CPUs unless ``up --cpus-per-host C`` gives each its own: host i gets
 the (i+1)-th C of the CPUs ``up`` may run on, kept in the cluster's state, and every process the
@@ -70,6 +88,7 @@ except ImportError:  # run as a script (nsexec and the goodput helpers): this fo
 PREFIX = "mccl-"
 DEFAULT_ID = "c0"
 DEFAULT_SUBNET = "198.18.0.0/24"
+DEFAULT_MULTI_SUBNET = "198.18.0.0/16"  # with --switches K > 1: switch k's hosts in 198.18.k.0/24
 DEFAULT_MASTER_PORT = 29500
 STATE_DIR = "/run/mccl-cluster"
 NETNS_DIR = "/run/netns"
@@ -179,7 +198,12 @@ class Shell:
 
 @dataclass
 class ClusterSpec:
-    """What ``up`` builds; saved as JSON in /run/mccl-cluster/<id>.json for the other commands."""
+    """What ``up`` builds; saved as JSON in /run/mccl-cluster/<id>.json for the other commands.
+
+    ``hosts_per_switch`` lists how many hosts each switch has (hosts 0..H0-1 on switch 0, the
+    next H1 on switch 1, ...); left empty, ``hosts`` are split evenly over ``switches``, and
+    given, it sets ``switches`` and ``hosts``. ``subnet`` ``auto`` is 198.18.0.0/24 for one
+    switch and 198.18.0.0/16 for more."""
 
     id: str = DEFAULT_ID
     hosts: int = 2
@@ -187,29 +211,71 @@ class ClusterSpec:
     mtu: int = 9000
     burst: str = "auto"
     latency: str = "50ms"
-    subnet: str = DEFAULT_SUBNET
+    subnet: str = "auto"
     cpus_per_host: int = 0  # 0: every host's processes may run on every CPU
     host_cpus: list = field(default_factory=list)  # host i's CPUs, chosen by assign_cpus() at up
     created: float = field(default_factory=time.time)
+    switches: int = 1
+    hosts_per_switch: list = field(default_factory=list)  # hosts of switch k; filled in by __post_init__
+    uplink_rate: str = ""  # each uplink's tbf rate, each way; "" (or one switch): the host rate
 
     def __post_init__(self) -> None:
         check_id(self.id)
+        self._layout()
+        if self.subnet == "auto":
+            self.subnet = DEFAULT_SUBNET if self.switches == 1 else DEFAULT_MULTI_SUBNET
         try:
             net = ipaddress.ip_network(self.subnet)
         except ValueError as exc:
             raise ClusterError(f"--subnet {self.subnet}: {exc}") from None
-        room = min(999, net.num_addresses - 2)
-        if room < 1:
-            raise ClusterError(f"--subnet {self.subnet} has no address for a host (a /30 or wider has)")
-        if not 1 <= self.hosts <= room:
-            raise ClusterError(f"--hosts {self.hosts}: must be 1 to {room} for {self.subnet}")
-        try:
-            if parse_rate(self.rate) <= 0:
-                raise ValueError("a link needs a rate above 0")
-        except ValueError as exc:
-            raise ClusterError(f"--rate {self.rate}: {exc}") from None
+        if self.switches == 1:
+            room = min(999, net.num_addresses - 2)
+            if room < 1:
+                raise ClusterError(f"--subnet {self.subnet} has no address for a host (a /30 or wider has)")
+            if not 1 <= self.hosts <= room:
+                raise ClusterError(f"--hosts {self.hosts}: must be 1 to {room} for {self.subnet}")
+        else:
+            # Switch k's hosts get the k-th /24 of the subnet, so topology detection by /24 groups them.
+            if net.version != 4 or net.prefixlen > 24 or net.num_addresses < 256 * self.switches:
+                raise ClusterError(f"--subnet {self.subnet}: {self.switches} switches need an IPv4 subnet of at "
+                                   f"least {self.switches} /24s (one per switch), e.g. {DEFAULT_MULTI_SUBNET}")
+            if self.hosts > 999:
+                raise ClusterError(f"{self.hosts} hosts: at most 999")
+        for what, text in (("--rate", self.rate), ("--uplink-rate", self.uplink_rate or self.rate)):
+            try:
+                if parse_rate(text) <= 0:
+                    raise ValueError("a link needs a rate above 0")
+            except ValueError as exc:
+                raise ClusterError(f"{what} {text}: {exc}") from None
         if self.cpus_per_host < 0:
             raise ClusterError(f"--cpus-per-host {self.cpus_per_host}: must be 0 (no pinning) or more")
+
+    def _layout(self) -> None:
+        """Make ``switches``, ``hosts_per_switch`` and ``hosts`` agree, or raise ClusterError."""
+        hps = [int(h) for h in self.hosts_per_switch]
+        if not hps:
+            if self.switches < 1:
+                raise ClusterError(f"--switches {self.switches}: must be 1 or more")
+            if self.hosts % self.switches:
+                raise ClusterError(f"{self.hosts} hosts do not split evenly over {self.switches} switches: "
+                                   f"give --hosts-per-switch H or H0,H1,...")
+            hps = [self.hosts // self.switches] * self.switches
+        if len(hps) > 1 and self.switches not in (1, len(hps)):
+            raise ClusterError(f"--hosts-per-switch {','.join(map(str, hps))} lists {len(hps)} switches, "
+                               f"--switches says {self.switches}")
+        if len(hps) == 1 and self.switches > 1:
+            hps = hps * self.switches
+        if len(hps) > 1:
+            bad = [h for h in hps if not 1 <= h <= 254]
+            if bad:
+                raise ClusterError(f"--hosts-per-switch: each switch takes 1 to 254 hosts (one /24), not {bad[0]}")
+        elif hps[0] < 1:
+            raise ClusterError(f"--hosts {hps[0]}: must be 1 or more")
+        if len(hps) > 256:
+            raise ClusterError(f"--switches {len(hps)}: at most 256")
+        self.switches, self.hosts_per_switch, self.hosts = len(hps), hps, sum(hps)
+        if self.switches == 1:
+            self.uplink_rate = ""
 
     @property
     def prefix(self) -> str:
@@ -217,7 +283,33 @@ class ClusterSpec:
 
     @property
     def bridge(self) -> str:
-        return f"{self.prefix}br"
+        """Switch 0's bridge (with one switch, the only one: ``mccl-<id>-br``)."""
+        return self.switch_bridge(0)
+
+    def switch_bridge(self, k: int) -> str:
+        """Switch k's bridge: ``mccl-<id>-br`` with one switch, ``mccl-<id>-br<k>`` with more."""
+        return f"{self.prefix}br" if self.switches == 1 else f"{self.prefix}br{k}"
+
+    @property
+    def core_bridge(self) -> str | None:
+        """The bridge that joins the switches (``mccl-<id>-core``), None with one switch."""
+        return f"{self.prefix}core" if self.switches > 1 else None
+
+    def uplink(self, k: int) -> tuple[str, str]:
+        """Switch k's uplink veth pair: (its end on switch k's bridge, its end on the core)."""
+        return f"{self.prefix}up{k}", f"{self.prefix}cu{k}"
+
+    def switch_of(self, i: int) -> int:
+        """The switch host i is on (hosts are numbered switch by switch)."""
+        for k, n in enumerate(self.hosts_per_switch):
+            if i < n:
+                return k
+            i -= n
+        raise ClusterError(f"host {i}: out of range")
+
+    def first_host(self, k: int) -> int:
+        """The lowest host number on switch k."""
+        return sum(self.hosts_per_switch[:k])
 
     def netns(self, i: int) -> str:
         return f"{self.prefix}h{i}"
@@ -245,7 +337,13 @@ class ClusterSpec:
         return list(self.host_cpus[i]) if self.host_cpus else None
 
     def addr(self, i: int) -> str:
-        return str(ipaddress.ip_network(self.subnet)[i + 1])
+        """Host i's address: the (i+1)-th of the subnet with one switch; with more, the (j+1)-th
+        of switch k's /24 for the j-th host of switch k (198.18.k.(j+1) by default)."""
+        net = ipaddress.ip_network(self.subnet)
+        if self.switches == 1:
+            return str(net[i + 1])
+        k = self.switch_of(i)
+        return str(net[256 * k + i - self.first_host(k) + 1])
 
     @property
     def prefixlen(self) -> int:
@@ -255,16 +353,28 @@ class ClusterSpec:
     def rate_bits(self) -> float:
         return parse_rate(self.rate)
 
-    def tc_rate(self) -> str:
-        return f"{int(self.rate_bits)}bit"
+    @property
+    def uplink_bits(self) -> float:
+        return parse_rate(self.uplink_rate or self.rate)
 
-    def tc_burst(self) -> str:
-        """``auto``: 1 ms of traffic at the link rate, at least 64 KiB. A full bucket lets a burst
-        of this many bytes through at memory speed, so transfers much smaller than the burst are
-        not limited by the link rate; a smaller bucket costs goodput (timer resolution)."""
+    def tc_rate(self, bits: float | None = None) -> str:
+        return f"{int(self.rate_bits if bits is None else bits)}bit"
+
+    def tc_burst(self, bits: float | None = None) -> str:
+        """``auto``: 1 ms of traffic at the link rate (``bits``, default the host links'), at least
+        64 KiB. A full bucket lets a burst of this many bytes through at memory speed, so transfers
+        much smaller than the burst are not limited by the link rate; a smaller bucket costs goodput
+        (timer resolution)."""
         if self.burst != "auto":
             return self.burst
-        return f"{max(64 * 1024, int(self.rate_bits / 8 / 1000))}b"
+        return f"{max(64 * 1024, int((self.rate_bits if bits is None else bits) / 8 / 1000))}b"
+
+    def path_rate(self, a: int, b: int) -> float:
+        """The lowest link rate on the path between hosts a and b (bits/s): the host links', and
+        the uplinks' too when they are on different switches."""
+        if self.switch_of(a) == self.switch_of(b):
+            return self.rate_bits
+        return min(self.rate_bits, self.uplink_bits)
 
 
 def check_id(cluster_id: str) -> str:
@@ -326,13 +436,29 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
             # The state file is written first: a crash part way leaves something `down` can read.
             _write_state(spec)
             tbf = ["tbf", "rate", spec.tc_rate(), "burst", spec.tc_burst(), "latency", spec.latency]
-            sh.ip_("link", "add", spec.bridge, "type", "bridge")
+            for k in range(spec.switches):
+                sh.ip_("link", "add", spec.switch_bridge(k), "type", "bridge")
+            if spec.core_bridge:
+                # A star: every switch's bridge has one uplink to the core bridge (no L2 loop),
+                # shaped at the uplink rate on both ends, so each direction is limited.
+                up_tbf = ["tbf", "rate", spec.tc_rate(spec.uplink_bits), "burst", spec.tc_burst(spec.uplink_bits),
+                          "latency", spec.latency]
+                sh.ip_("link", "add", spec.core_bridge, "type", "bridge")
+                for k in range(spec.switches):
+                    sw_end, core_end = spec.uplink(k)
+                    sh.ip_("link", "add", sw_end, "mtu", str(spec.mtu), "type", "veth",
+                           "peer", "name", core_end, "mtu", str(spec.mtu))
+                    for end, bridge in ((sw_end, spec.switch_bridge(k)), (core_end, spec.core_bridge)):
+                        sh.ip_("link", "set", end, "master", bridge)
+                        sh.ip_("link", "set", end, "up")
+                        sh.tc_("qdisc", "replace", "dev", end, "root", *up_tbf)
+                sh.ip_("link", "set", spec.core_bridge, "mtu", str(spec.mtu), "up")
             for i in range(spec.hosts):
                 ns, veth = spec.netns(i), spec.veth(i)
                 sh.ip_("netns", "add", ns)
                 sh.ip_("link", "add", veth, "mtu", str(spec.mtu), "type", "veth",
                        "peer", "name", HOST_IFNAME, "mtu", str(spec.mtu), "netns", ns)
-                sh.ip_("link", "set", veth, "master", spec.bridge)
+                sh.ip_("link", "set", veth, "master", spec.switch_bridge(spec.switch_of(i)))
                 sh.ip_("link", "set", veth, "up")
                 sh.ip_("-n", ns, "link", "set", "lo", "up")
                 sh.ip_("-n", ns, "addr", "add", f"{spec.addr(i)}/{spec.prefixlen}", "dev", HOST_IFNAME)
@@ -341,7 +467,8 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
                 # side what leaves it.
                 sh.tc_("qdisc", "replace", "dev", veth, "root", *tbf)
                 sh.tc_("-n", ns, "qdisc", "replace", "dev", HOST_IFNAME, "root", *tbf)
-            sh.ip_("link", "set", spec.bridge, "mtu", str(spec.mtu), "up")
+            for k in range(spec.switches):
+                sh.ip_("link", "set", spec.switch_bridge(k), "mtu", str(spec.mtu), "up")
             if check:
                 check_connectivity(spec)
         except BaseException:
@@ -359,7 +486,7 @@ def _write_state(spec: ClusterSpec) -> None:
 
 def _name_pattern(cluster_id: str | None) -> re.Pattern:
     ident = re.escape(cluster_id) if cluster_id else "[a-z0-9]{1,4}"
-    return re.compile(rf"^{re.escape(PREFIX)}{ident}-(h\d+|v\d+|br)$")
+    return re.compile(rf"^{re.escape(PREFIX)}{ident}-(h\d+|v\d+|br|br\d+|core|up\d+|cu\d+)$")
 
 
 def _listdir(path: str) -> list[str]:
@@ -459,16 +586,29 @@ def status(cluster_id: str | None = None, iproute_dir: str | None = None) -> str
         except ClusterError as exc:
             lines.append(f"cluster {cid}: {exc}")
             continue
+        def qdisc(dev: str) -> str:
+            if sh is None or os.geteuid() != 0:
+                return ""
+            return sh.tc_("qdisc", "show", "dev", dev, check=False).stdout.strip().split("\n")[0]
+
+        where = (f"bridge {spec.bridge}" if spec.switches == 1 else
+                 f"{spec.switches} switches (hosts per switch {','.join(map(str, spec.hosts_per_switch))}) joined "
+                 f"by {spec.core_bridge}, uplinks tbf {spec.uplink_rate or spec.rate} (burst "
+                 f"{spec.tc_burst(spec.uplink_bits)}) both ways")
         lines.append(f"cluster {cid}: {spec.hosts} hosts, tbf {spec.rate} (burst {spec.tc_burst()}, latency "
-                     f"{spec.latency}) both ways, MTU {spec.mtu}, bridge {spec.bridge}"
+                     f"{spec.latency}) both ways, MTU {spec.mtu}, {where}"
                      + (f", {spec.cpus_per_host} CPUs pinned per host" if spec.cpus_per_host else ""))
-        for i in range(spec.hosts):
-            qdisc = ""
-            if sh is not None and os.geteuid() == 0:
-                qdisc = sh.tc_("qdisc", "show", "dev", spec.veth(i), check=False).stdout.strip().split("\n")[0]
-            lines.append(f"  h{i}: netns {spec.netns(i)}  {HOST_IFNAME} {spec.addr(i)}/{spec.prefixlen}  "
-                         f"{spec.veth(i)}: {qdisc}  processes: {len(netns_pids(spec.netns(i)))}"
-                         + (f"  CPUs {','.join(map(str, cpus))}" if (cpus := spec.cpus(i)) else ""))
+        for k in range(spec.switches):
+            if spec.switches > 1:
+                sw_end, core_end = spec.uplink(k)
+                first = spec.first_host(k)
+                lines.append(f" switch {k}: bridge {spec.switch_bridge(k)}, hosts h{first}..h"
+                             f"{first + spec.hosts_per_switch[k] - 1}; uplink {sw_end}: {qdisc(sw_end)}  "
+                             f"{core_end}: {qdisc(core_end)}")
+            for i in range(spec.first_host(k), spec.first_host(k) + spec.hosts_per_switch[k]):
+                lines.append(f"  h{i}: netns {spec.netns(i)}  {HOST_IFNAME} {spec.addr(i)}/{spec.prefixlen}  "
+                             f"{spec.veth(i)}: {qdisc(spec.veth(i))}  processes: {len(netns_pids(spec.netns(i)))}"
+                             + (f"  CPUs {','.join(map(str, cpus))}" if (cpus := spec.cpus(i)) else ""))
     return "\n".join(lines)
 
 
@@ -577,13 +717,52 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def parse_rank_order(text: str) -> str:
+    """``in-order``, ``interleave``, ``shuffle`` or ``shuffle:SEED`` (SEED an integer), returned
+    as given; ClusterError otherwise."""
+    if text in ("in-order", "interleave", "shuffle") or re.fullmatch(r"shuffle:-?\d+", text):
+        return text
+    raise ClusterError(f"--rank-order {text!r}: expected in-order, interleave, shuffle or shuffle:SEED")
+
+
+def rank_hosts(spec: ClusterSpec, world_size: int, nproc_per_host: int = 1, order: str = "in-order") -> list[int]:
+    """The host of every rank (index: rank). The job uses hosts 0..ceil(world_size/nproc_per_host)-1
+    with ``nproc_per_host`` slots each (the last may have fewer); ``in-order`` gives rank r host
+    ``r // nproc_per_host``; ``interleave`` deals the slots out switch by switch (rank 0 on switch
+    0, rank 1 on switch 1, ...) so consecutive ranks sit on different switches; ``shuffle[:SEED]``
+    shuffles the in-order slots with ``random.Random(SEED)`` (SEED 0 when not given)."""
+    parse_rank_order(order)
+    slots = [r // nproc_per_host for r in range(world_size)]
+    if order == "interleave":
+        by_switch: dict[int, list[int]] = {}
+        for h in slots:
+            by_switch.setdefault(spec.switch_of(h), []).append(h)
+        queues = [by_switch[k] for k in sorted(by_switch)]
+        slots = []
+        while any(queues):
+            slots += [q.pop(0) for q in queues if q]
+    elif order.startswith("shuffle"):
+        import random
+
+        random.Random(int(order.partition(":")[2] or 0)).shuffle(slots)
+    return slots
+
+
+def format_rank_hosts(spec: ClusterSpec, hosts: Sequence[int]) -> str:
+    """``rank 0: h2 (switch 1), rank 1: h0 (switch 0), ...`` (no switches with one switch)."""
+    return ", ".join(f"rank {r}: h{h}" + (f" (switch {spec.switch_of(h)})" if spec.switches > 1 else "")
+                     for r, h in enumerate(hosts))
+
+
 def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = None, nproc_per_host: int = 1,
            timeout: float | None = None, extra_env: dict[str, str] | None = None, tag_rank0: bool = False,
-           master_port: int | None = None, out=None) -> int:
+           master_port: int | None = None, out=None, rank_order: str = "in-order") -> int:
     """Run ``argv`` as ``world_size`` ranks and wait for all of them; return the job's exit status.
 
     Without ``spec`` the ranks run on this machine over loopback (like ``torchrun --standalone``);
-    with it, rank r runs in host ``r // nproc_per_host``. Output is forwarded line by line, every
+    with it, rank r runs in host ``r // nproc_per_host``, or where ``rank_order`` puts it
+    (:func:`rank_hosts`; the mapping is printed to stderr, and MASTER_ADDR is rank 0's host).
+    Every rank gets MCCL_CLUSTER_HOST and MCCL_CLUSTER_SWITCH. Output is forwarded line by line, every
     line of rank r > 0 (and of rank 0 when ``tag_rank0``) prefixed with ``[rank r]``. When a rank
     fails, the deadline passes or this process gets SIGINT/SIGTERM/SIGHUP, every rank's process
     group is killed (SIGTERM, then SIGKILL after 5 s). Returns 0 when all ranks exited 0, 124 on
@@ -595,9 +774,17 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
         if hosts_needed > spec.hosts:
             raise ClusterError(f"{world_size} ranks at {nproc_per_host} per host need {hosts_needed} hosts; "
                                f"cluster '{spec.id}' has {spec.hosts}")
-        master_addr, master_port = spec.addr(0), master_port or DEFAULT_MASTER_PORT
+        hosts = rank_hosts(spec, world_size, nproc_per_host, rank_order)
+        if rank_order != "in-order":
+            print(f"mccl.cluster: rank order {rank_order}: {format_rank_hosts(spec, hosts)}", file=sys.stderr,
+                  flush=True)
+        master_addr, master_port = spec.addr(hosts[0]), master_port or DEFAULT_MASTER_PORT
     else:
+        if rank_order != "in-order":
+            raise ClusterError(f"rank order {rank_order!r} needs a cluster (ranks on loopback have no hosts)")
+        hosts = [r // nproc_per_host for r in range(world_size)]
         master_addr, master_port = "127.0.0.1", master_port or free_port()
+    local_ranks = [hosts[:r].count(h) for r, h in enumerate(hosts)]
     procs: list[subprocess.Popen] = []
     lock = threading.Lock()
 
@@ -627,13 +814,14 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
     with cleanup_on_signals(kill_all):
         try:
             for rank in range(world_size):
-                host = rank // nproc_per_host
+                host = hosts[rank]
                 env = dict(os.environ)
-                env.update(rank_env(rank, world_size, master_addr, master_port, local_rank=rank % nproc_per_host,
-                                    local_world_size=nproc_per_host))
+                env.update(rank_env(rank, world_size, master_addr, master_port, local_rank=local_ranks[rank],
+                                    local_world_size=nproc_per_host, node_rank=host))
                 if spec is not None:
                     env.update({"GLOO_SOCKET_IFNAME": HOST_IFNAME, "MCCL_CLUSTER_ID": spec.id,
-                                "MCCL_CLUSTER_HOST": str(host), "MCCL_CLUSTER_RATE": spec.rate})
+                                "MCCL_CLUSTER_HOST": str(host), "MCCL_CLUSTER_SWITCH": str(spec.switch_of(host)),
+                                "MCCL_CLUSTER_RATE": spec.rate})
                 env.update(extra_env or {})
                 p = subprocess.Popen(host_argv(spec, host, argv) if spec else list(argv), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -886,6 +1074,48 @@ def cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def hosts_per_switch_arg(text: str) -> list[int]:
+    """argparse type of --hosts-per-switch: ``4`` or ``3,4,3`` (each at least 1)."""
+    try:
+        counts = [int(c) for c in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of hosts, or one per switch separated by "
+                                         f"commas, e.g. 4 or 3,4,3")
+    return counts
+
+
+def rank_order_arg(text: str) -> str:
+    """argparse type of --rank-order (parse_rank_order)."""
+    try:
+        return parse_rank_order(text)
+    except ClusterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def spec_from_args(args) -> ClusterSpec:
+    """The ClusterSpec ``up``'s options describe; ClusterError when they contradict each other."""
+    hps = args.hosts_per_switch or []
+    switches = args.switches or (len(hps) if len(hps) > 1 else 1)
+    if len(hps) > 1 and switches != len(hps):
+        raise ClusterError(f"--hosts-per-switch {','.join(map(str, hps))} lists {len(hps)} switches, "
+                           f"--switches says {switches}")
+    if hps:
+        total = sum(hps) if len(hps) > 1 else hps[0] * switches
+        if args.hosts is not None and args.hosts != total:
+            raise ClusterError(f"--hosts {args.hosts}: --switches and --hosts-per-switch make {total} hosts")
+        hosts = total
+    else:
+        hosts = args.hosts if args.hosts is not None else 2 * switches
+    if args.uplink_rate is not None and switches == 1:
+        raise ClusterError("--uplink-rate needs --switches 2 or more (one switch has no uplink)")
+    return ClusterSpec(id=args.id, hosts=hosts, rate=args.rate, mtu=args.mtu, burst=args.burst, latency=args.latency,
+                       subnet=args.subnet, cpus_per_host=args.cpus_per_host, switches=switches,
+                       hosts_per_switch=hps * switches if len(hps) == 1 else hps,
+                       uplink_rate=args.uplink_rate or "")
+
+
 def _program(cmd: list[str]) -> list[str]:
     """``cmd`` if its program can be run from here, else ClusterError naming it."""
     if shutil.which(cmd[0]) is None:
@@ -900,7 +1130,11 @@ def _parser() -> argparse.ArgumentParser:
             "  python -m mccl.cluster up --hosts 4 --rate 2gbit\n"
             "  python -m mccl.cluster goodput\n"
             "  python -m mccl.cluster run -- python -m mccl.bench --backends mccl,gloo --goodput measure\n"
-            "  python -m mccl.cluster down"))
+            "  python -m mccl.cluster down\n"
+            "two switches of 4 hosts, 2 Gbit/s host links, 1 Gbit/s uplinks, ranks interleaving the switches:\n"
+            "  python -m mccl.cluster up --switches 2 --hosts-per-switch 4 --rate 2gbit --uplink-rate 1gbit\n"
+            "  python -m mccl.cluster goodput --across-switches\n"
+            "  python -m mccl.cluster run --rank-order shuffle:1 -- python -m mccl.bench --backends mccl"))
     p.add_argument("--iproute-dir", default=None,
                    help="folder with ip and tc (wrappers from bench/bundle_iproute.sh, or binaries with lib/); "
                         "default $MCCL_IPROUTE_DIR, then PATH, then the repository's .tools/iproute")
@@ -914,13 +1148,23 @@ def _parser() -> argparse.ArgumentParser:
         return sp
 
     sp = with_id(sub.add_parser("up", help="bring a cluster up", formatter_class=fmt))
-    sp.add_argument("--hosts", type=_cli.int_at_least(1), default=2, help="number of hosts (namespaces)")
-    sp.add_argument("--rate", default="1gbit", help="tbf rate of every link, each way (tc units: 500mbit, 2gbit)")
+    sp.add_argument("--hosts", type=_cli.int_at_least(1), default=None,
+                    help="number of hosts (namespaces); default 2, or switches x hosts-per-switch")
+    sp.add_argument("--rate", default="1gbit", help="tbf rate of every host link, each way (tc units: 500mbit, 2gbit)")
+    sp.add_argument("--switches", type=_cli.int_at_least(1), default=None,
+                    help="number of switches (bridges) joined by a core bridge; default 1 (one bridge, no core)")
+    sp.add_argument("--hosts-per-switch", type=hosts_per_switch_arg, default=None, metavar="H|H0,H1,...",
+                    help="hosts on each switch: one number for every switch, or one per switch (uneven layouts)")
+    sp.add_argument("--uplink-rate", default=None,
+                    help="tbf rate of every switch's uplink to the core, each way (default: --rate)")
     sp.add_argument("--mtu", type=int, default=9000, help="MTU of every veth and the bridge")
     sp.add_argument("--burst", default="auto",
                     help="tbf burst (bucket size, tc units such as 1mb); auto: 1 ms at --rate, at least 64 KiB")
     sp.add_argument("--latency", default="50ms", help="tbf latency (queue bound)")
-    sp.add_argument("--subnet", default=DEFAULT_SUBNET, help="host addresses: host i gets the (i+1)-th address")
+    sp.add_argument("--subnet", default="auto",
+                    help=f"host addresses: host i gets the (i+1)-th address; with 2 or more switches, host j of "
+                         f"switch k the (j+1)-th of the subnet's k-th /24. auto: {DEFAULT_SUBNET} with one switch, "
+                         f"{DEFAULT_MULTI_SUBNET} with more")
     sp.add_argument("--no-check", action="store_true", help="skip the TCP connectivity check after bring-up")
     sp.add_argument("--cpus-per-host", type=int, default=0,
                     help="pin each host's processes to CPUs of their own, this many per host, like separate "
@@ -929,7 +1173,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("down", help="remove a cluster (idempotent; works after a crash)", formatter_class=fmt)
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--id", type=id_arg, default=DEFAULT_ID, help="cluster id")
-    g.add_argument("--all", action="store_true", help="remove every cluster named mccl-<id>-{h<i>,v<i>,br}")
+    g.add_argument("--all", action="store_true",
+                   help="remove every cluster named mccl-<id>-{h<i>,v<i>,br,br<k>,core,up<k>,cu<k>}")
 
     sp = sub.add_parser("status", help="list clusters, hosts, addresses, qdiscs", formatter_class=fmt)
     sp.add_argument("--id", type=id_arg, default=None, help="one cluster id (default: all)")
@@ -941,6 +1186,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=_cli.number_at_least(0, what="number of seconds"), default=3600,
                     help="kill every rank after this many seconds (0: no deadline)")
     sp.add_argument("--tag-rank0", action="store_true", help="prefix rank 0's lines with [rank 0] too")
+    sp.add_argument("--rank-order", type=rank_order_arg, default="in-order",
+                    help="which host each rank runs in: in-order (rank r in host r // nproc-per-host), interleave "
+                         "(consecutive ranks on different switches), shuffle[:SEED] (in-order slots shuffled with "
+                         "random.Random(SEED), SEED 0 by default); other than in-order, the mapping is printed")
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     sp = with_id(sub.add_parser("exec", help="run one command inside one host", formatter_class=fmt))
@@ -948,8 +1197,11 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     sp = with_id(sub.add_parser("goodput", help="single-stream TCP goodput between two hosts", formatter_class=fmt))
-    sp.add_argument("--server", type=int, default=0, help="receiving host")
-    sp.add_argument("--client", type=int, default=1, help="sending host")
+    sp.add_argument("--server", type=int, default=None, help="receiving host (default 0)")
+    sp.add_argument("--client", type=int, default=None, help="sending host (default 1)")
+    sp.add_argument("--across-switches", action="store_true",
+                    help="through the uplinks: from the first host of switch 1 to host 0 (unless --client/--server "
+                         "say otherwise)")
     sp.add_argument("--seconds", type=_cli.number_at_least(1, what="number of seconds"), default=5.0,
                     help="measurement length, at least 1 (the first second is omitted: slow start and tbf's burst)")
     sp.add_argument("--tool", default="auto", choices=["auto", "iperf3", "python"],
@@ -1013,10 +1265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["MCCL_IPROUTE_DIR"] = os.path.abspath(args.iproute_dir)
     try:
         if args.cmd == "up":
-            spec = up(ClusterSpec(id=args.id, hosts=args.hosts, rate=args.rate, mtu=args.mtu, burst=args.burst,
-                                  latency=args.latency, subnet=args.subnet, cpus_per_host=args.cpus_per_host),
-                      args.iproute_dir, args.verbose,
-                      check=not args.no_check)
+            spec = up(spec_from_args(args), args.iproute_dir, args.verbose, check=not args.no_check)
             print(status(spec.id, args.iproute_dir))
         elif args.cmd == "down":
             down(None if args.all else args.id, args.iproute_dir, verbose=args.verbose)
@@ -1027,7 +1276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = load_spec(args.id)
             world = args.nproc if args.nproc is not None else spec.hosts * args.nproc_per_host
             return launch(_program(_command(args.command)), world, spec=spec, nproc_per_host=args.nproc_per_host,
-                          timeout=args.timeout, tag_rank0=args.tag_rank0, master_port=args.master_port)
+                          timeout=args.timeout, tag_rank0=args.tag_rank0, master_port=args.master_port,
+                          rank_order=args.rank_order)
         elif args.cmd == "exec":
             require_root("exec")
             spec = load_spec(args.id)
@@ -1037,13 +1287,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.cmd == "goodput":
             require_root("goodput")
             spec = load_spec(args.id)
-            gp = measure_goodput(spec, args.server, args.client, args.seconds, args.tool)
+            server, client = args.server, args.client
+            if args.across_switches:
+                if spec.switches < 2:
+                    raise ClusterError(f"--across-switches: cluster '{spec.id}' has one switch")
+                server = 0 if server is None else server
+                client = spec.first_host(1) if client is None else client
+            server, client = 0 if server is None else server, 1 if client is None else client
+            gp = measure_goodput(spec, server, client, args.seconds, args.tool)
+            crosses = spec.switches > 1 and spec.switch_of(server) != spec.switch_of(client)
+            path = f"link {spec.rate}" + (f", uplinks {spec.uplink_rate or spec.rate}" if crosses else "")
             if args.json:
                 print(json.dumps({**gp, "bytes_per_s": gp["bits_per_s"] / 8, "rate": spec.rate,
-                                  "server": args.server, "client": args.client}))
+                                  "server": server, "client": client, "switches": [spec.switch_of(server),
+                                                                                   spec.switch_of(client)],
+                                  "uplink_rate": (spec.uplink_rate or spec.rate) if crosses else None,
+                                  "path_bits_per_s": spec.path_rate(server, client)}))
             else:
-                print(f"single-stream TCP goodput h{args.client} -> h{args.server}: {format_goodput(gp)} "
-                      f"[{gp['tool']}; link {spec.rate}]")
+                where = (f" (switch {spec.switch_of(client)} -> switch {spec.switch_of(server)})"
+                         if spec.switches > 1 else "")
+                print(f"single-stream TCP goodput h{client} -> h{server}{where}: {format_goodput(gp)} "
+                      f"[{gp['tool']}; {path}]")
         return 0
     except ClusterError as exc:
         print(f"mccl.cluster: error: {exc}", file=sys.stderr)

@@ -1,10 +1,12 @@
-"""mccl.cluster: a 2-host emulated cluster at 1 Gbit/s (root only), and its root check anywhere.
+"""mccl.cluster: a 2-host emulated cluster at 1 Gbit/s and a 2-switch x 2-host one with a slow
+uplink (root only), and its root check anywhere.
 
 The root tests bring a cluster up under an id of their own (so they never touch another cluster on
 the machine), measure goodput, run a tiny 2-rank benchmark in it, tear it down and check that
 nothing named after it is left, and that no other mccl-* name appeared. Every subprocess has a
 deadline, and a finalizer removes the cluster whatever happens.
 """
+import ipaddress
 import json
 import os
 import signal
@@ -61,6 +63,8 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
     tool("up", "--id", cluster_id, "--hosts", "2", "--rate", "1gbit")
     spec = cluster.load_spec(cluster_id)
     sh = cluster.Shell()
+    # One switch: the one bridge mccl-<id>-br, no core, no uplinks.
+    assert sorted(n[len(spec.prefix):] for n in cluster.existing_names(cluster_id, sh)) == ["br", "h0", "h1", "v0", "v1"]
     for i in range(2):
         link = sh.ip_("-n", spec.netns(i), "-o", "link", "show", "eth0").stdout
         assert "mtu 9000" in link and "state UP" in link, link
@@ -242,6 +246,15 @@ def test_python_goodput_reports_rate_and_both_ends_cpu():
     (["up", "--id", "z9", "--rate", "garbage"], "--rate garbage: cannot parse rate"),
     (["up", "--id", "z9", "--subnet", "10.0.0.0/31"], "has no address for a host"),
     (["up", "--id", "z9", "--subnet", "garbage"], "--subnet garbage"),
+    (["up", "--id", "z9", "--switches", "2", "--hosts", "3"], "3 hosts do not split evenly over 2 switches"),
+    (["up", "--id", "z9", "--switches", "3", "--hosts-per-switch", "2,2"], "lists 2 switches, --switches says 3"),
+    (["up", "--id", "z9", "--hosts-per-switch", "2,0"], "--hosts-per-switch: '2,0': expected a number of hosts"),
+    (["up", "--id", "z9", "--hosts-per-switch", "300,2"], "each switch takes 1 to 254 hosts"),
+    (["up", "--id", "z9", "--hosts", "5", "--hosts-per-switch", "2,2"], "--hosts 5: --switches and --hosts-per"),
+    (["up", "--id", "z9", "--uplink-rate", "1gbit"], "--uplink-rate needs --switches 2 or more"),
+    (["up", "--id", "z9", "--switches", "2", "--uplink-rate", "fast"], "--uplink-rate fast: cannot parse rate"),
+    (["up", "--id", "z9", "--switches", "2", "--subnet", "198.18.0.0/24"], "2 switches need an IPv4 subnet"),
+    (["run", "--rank-order", "random", "--", "true"], "expected in-order, interleave, shuffle or shuffle:SEED"),
     (["nsexec"], "usage: nsexec NAMESPACE"),
     (["nsexec", "mccl-zz-h0", "--cpus", "0,,1", "--", "true"], "expected CPU numbers separated by commas"),
     (["nsexec", "mccl-zz-h0", "--cpus", "-1", "--", "true"], "expected CPU numbers separated by commas"),
@@ -273,3 +286,138 @@ def test_down_and_status_survive_a_bad_state_file():
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_switch_layouts_addresses_and_rank_orders():
+    """No root: how hosts map to switches, /24s and ranks (even, uneven and one switch)."""
+    spec = cluster.ClusterSpec(id="c0", switches=2, hosts_per_switch=[2])
+    assert spec.hosts == 4 and spec.hosts_per_switch == [2, 2] and spec.subnet == "198.18.0.0/16"
+    assert [spec.addr(i) for i in range(4)] == ["198.18.0.1", "198.18.0.2", "198.18.1.1", "198.18.1.2"]
+    assert spec.prefixlen == 16 and spec.switch_bridge(1) == "mccl-c0-br1" and spec.core_bridge == "mccl-c0-core"
+    assert spec.uplink(1) == ("mccl-c0-up1", "mccl-c0-cu1") and spec.path_rate(0, 2) == spec.path_rate(0, 1) == 1e9
+    uneven = cluster.ClusterSpec(id="c0", hosts_per_switch=[3, 4, 3], uplink_rate="100mbit")
+    assert uneven.switches == 3 and uneven.hosts == 10
+    assert [uneven.switch_of(i) for i in range(10)] == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    assert uneven.addr(3) == "198.18.1.1" and uneven.addr(9) == "198.18.2.3" and uneven.path_rate(0, 9) == 1e8
+    assert len(cluster.ClusterSpec(id="abcd", switches=256, hosts=256).uplink(255)[0]) <= 15  # IFNAMSIZ - 1
+    # One switch, as before: same names and addresses, no uplink (also from an old state file).
+    one = cluster.ClusterSpec(id="c0", hosts=4, switches=1)
+    assert one.bridge == "mccl-c0-br" and one.core_bridge is None and one.addr(3) == "198.18.0.4"
+    old = cluster.ClusterSpec(**{"id": "c0", "hosts": 3, "rate": "1gbit", "subnet": "198.18.0.0/24"})
+    assert old.switches == 1 and old.hosts_per_switch == [3] and old.addr(2) == "198.18.0.3"
+    # Rank orders: in order, interleaved by switch, seeded shuffles (reproducible).
+    assert cluster.rank_hosts(spec, 4) == [0, 1, 2, 3]
+    assert cluster.rank_hosts(spec, 4, order="interleave") == [0, 2, 1, 3]
+    assert cluster.rank_hosts(uneven, 10, order="interleave") == [0, 3, 7, 1, 4, 8, 2, 5, 9, 6]
+    assert cluster.rank_hosts(spec, 8, 2, "interleave") == [0, 2, 0, 2, 1, 3, 1, 3]
+    shuffled = cluster.rank_hosts(spec, 4, order="shuffle:1")
+    assert shuffled == [3, 0, 2, 1] == cluster.rank_hosts(spec, 4, order="shuffle:1")
+    assert sorted(cluster.rank_hosts(spec, 8, 2, "shuffle")) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert "rank 0: h3 (switch 1), rank 1: h0 (switch 0)" in cluster.format_rank_hosts(spec, shuffled)
+
+
+def _full_mesh(spec, timeout=20.0):
+    """Every host opens a TCP connection to every other host; returns the failures (empty: all
+    connected). One listener and one connector per host, each with a deadline."""
+    n, port = spec.hosts, 29611
+    listen = ("import socket, sys\n"
+              "with socket.create_server((sys.argv[1], int(sys.argv[2]))) as s:\n"
+              "    s.settimeout(float(sys.argv[4]))\n"
+              "    for _ in range(int(sys.argv[3])): s.accept()[0].close()\n")
+    connect = ("import socket, sys, time\n"
+               "end = time.monotonic() + float(sys.argv[2])\n"
+               "for a in sys.argv[3:]:\n"
+               "    while True:\n"
+               "        try:\n"
+               "            socket.create_connection((a, int(sys.argv[1])), timeout=5).close(); break\n"
+               "        except OSError:\n"
+               "            if time.monotonic() > end: raise\n"
+               "            time.sleep(0.05)\n")
+    procs = [subprocess.Popen(cluster.host_argv(spec, i, [sys.executable, "-c", listen, spec.addr(i), str(port),
+                                                          str(n - 1), str(timeout)]),
+                              env=ENV, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    procs += [subprocess.Popen(cluster.host_argv(spec, i, [sys.executable, "-c", connect, str(port), str(timeout),
+                                                          *(spec.addr(j) for j in range(n) if j != i)]),
+                               env=ENV, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    bad = []
+    try:
+        for i, p in enumerate(procs):
+            err = p.communicate(timeout=timeout + 20)[1]
+            if p.returncode != 0:
+                bad.append((("listener", "connector")[i // n], i % n, err.strip()[-300:]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return bad
+
+
+@needs_root
+def test_two_switches_uplink_limits_cross_switch_traffic(cluster_id):
+    """2 switches x 2 hosts at 200 Mbit/s with 50 Mbit/s uplinks: per-switch /24s, every host
+    reaches every other, both uplink ends shaped, a stream across the uplink gets about 50 Mbit/s
+    while one inside a switch gets far more; `down` removes the switches, the core and the uplinks."""
+    before = all_mccl_names()
+    tool("up", "--id", cluster_id, "--switches", "2", "--hosts-per-switch", "2", "--rate", "200mbit",
+         "--uplink-rate", "50mbit")
+    spec = cluster.load_spec(cluster_id)
+    sh = cluster.Shell()
+    assert (spec.switches, spec.hosts_per_switch, spec.uplink_rate) == (2, [2, 2], "50mbit")
+    for i in range(4):
+        k, j = divmod(i, 2)
+        addr = sh.ip_("-n", spec.netns(i), "-o", "-4", "addr", "show", "eth0").stdout
+        assert f"inet 198.18.{k}.{j + 1}/16 " in addr, addr
+        assert ipaddress.ip_address(spec.addr(i)) in ipaddress.ip_network(f"198.18.{k}.0/24")
+        ports = sh.ip_("-o", "link", "show", "master", spec.switch_bridge(k)).stdout
+        assert spec.veth(i) in ports and spec.uplink(k)[0] in ports, ports
+        assert "rate 200Mbit" in sh.tc_("qdisc", "show", "dev", spec.veth(i)).stdout
+    core_ports = sh.ip_("-o", "link", "show", "master", spec.core_bridge).stdout
+    for k in range(2):
+        assert spec.uplink(k)[1] in core_ports, core_ports
+        for end in spec.uplink(k):
+            qdisc = sh.tc_("qdisc", "show", "dev", end).stdout
+            assert "tbf" in qdisc and "rate 50Mbit" in qdisc, (end, qdisc)
+    status = tool("status", "--id", cluster_id).stdout
+    assert "2 switches (hosts per switch 2,2)" in status and "uplinks tbf 50mbit" in status, status
+    assert "switch 1: bridge " + spec.switch_bridge(1) + ", hosts h2..h3" in status, status
+    assert _full_mesh(spec) == []
+
+    intra = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "2", "--json").stdout)
+    cross = json.loads(tool("goodput", "--id", cluster_id, "--across-switches", "--seconds", "2", "--json").stdout)
+    assert (intra["client"], intra["server"], intra["uplink_rate"]) == (1, 0, None), intra
+    assert (cross["client"], cross["server"], cross["switches"], cross["uplink_rate"]) == (2, 0, [0, 1], "50mbit")
+    assert 0.1e9 < intra["bits_per_s"] <= 0.205e9, intra
+    assert 0.02e9 < cross["bits_per_s"] <= 0.055e9 and cross["bits_per_s"] < 0.7 * intra["bits_per_s"], (cross, intra)
+
+    tool("down", "--id", cluster_id)
+    assert not cluster.existing_names(cluster_id, sh) and not os.path.exists(cluster.state_path(cluster_id))
+    assert all_mccl_names() <= before, all_mccl_names() - before
+
+
+@needs_root
+def test_shuffled_ranks_are_grouped_by_switch(cluster_id):
+    """--rank-order shuffle:1 interleaves the switches' ranks (printed); mccl finds each switch's
+    /24 without configuration and keeps each switch's ranks together in its rings."""
+    tool("up", "--id", cluster_id, "--switches", "2", "--hosts-per-switch", "2", "--rate", "1gbit")
+    spec = cluster.load_spec(cluster_id)
+    hosts = cluster.rank_hosts(spec, 4, order="shuffle:1")
+    assert [spec.switch_of(h) for h in hosts] == [1, 0, 1, 0]
+    code = ("import os, torch, torch.distributed as dist, mccl\n"
+            "dist.init_process_group('mccl')\n"
+            "t = torch.full((1 << 17,), float(os.environ['RANK'])); dist.all_reduce(t); assert (t == 6).all()\n"
+            "print('RANK', os.environ['RANK'], 'HOST', os.environ['MCCL_CLUSTER_HOST'], 'INO',\n"
+            "      os.stat('/proc/self/ns/net').st_ino, flush=True)\n"
+            "dist.destroy_process_group()\n")
+    run = subprocess.run([sys.executable, "-m", "mccl.cluster", "run", "--id", cluster_id, "--rank-order", "shuffle:1",
+                          "--timeout", "90", "--", sys.executable, "-c", code], cwd=ROOT,
+                         env=dict(ENV, MCCL_DEBUG="INFO", MCCL_DEBUG_SUBSYS="INIT"),
+                         capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "rank order shuffle:1: " + cluster.format_rank_hosts(spec, hosts) in run.stderr, run.stderr
+    for r, h in enumerate(hosts):
+        ino = os.stat(os.path.join(cluster.NETNS_DIR, spec.netns(h))).st_ino
+        assert f"RANK {r} HOST {h} INO {ino}" in run.stdout, run.stdout
+        assert (f"rank {r}/4 of 'group 0': topology group '198.18.{spec.switch_of(h)}.0/24' (from the subnet); "
+                f"2 groups") in run.stdout, run.stdout
+    assert "rings visit the ranks in the order 0 2 1 3" in run.stdout, run.stdout
