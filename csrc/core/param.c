@@ -42,6 +42,10 @@ static mcclParam params[] = {
     /* Bytes of point-to-point messages that arrived before their recv, parked per peer; past it
      * that peer's connection is not read until recvs claim them (TCP backpressure, core/p2p.c). */
     {"MCCL_P2P_PARK_BYTES", 64 << 20, 0, (int64_t)1 << 50, 0, NULL, 0},
+    /* Bytes of collective frames that arrived before their receive, parked per peer so that the
+     * connection is read on (transport/park.h); -1: (MCCL_PIPELINE_DEPTH + 2) x
+     * MCCL_SEGMENT_BYTES; 0: no parking (such a frame stops the reading: TCP backpressure). */
+    {"MCCL_PARK_BYTES", -1, -1, (int64_t)1 << 40, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

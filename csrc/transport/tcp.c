@@ -196,6 +196,7 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   if (c->rq_tail) c->rq_tail->next = x;
   else c->rq_head = x;
   c->rq_tail = x;
+  c->ahead_stop = 0;
 }
 
 /* Move bytes from the head sends of `c` until the socket is full or the queue empty: returns 0
@@ -374,16 +375,95 @@ static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got,
   return mcclMismatch;
 }
 
-/* Does `c` have a reader for the bytes that arrive next? A collective header that no posted
- * receive claims yet stops reading until one is posted (TCP then holds the sender back). */
-static int wantRead(const mcclTransport* t, int peer) {
+/* Does `c` have a reader for the bytes that arrive next? A collective header that neither a
+ * posted receive nor the park can take stops reading until one is posted (TCP then holds the
+ * sender back). */
+static int wanted(const mcclTransport* t, int peer) {
   const mcclConn* c = &t->conns[peer];
   if (c->rx_held) return 0; /* the owner of the P2P frame being read will say when */
   if (c->rq_head != NULL || c->rx_mode == MCCL_RX_P2P || c->rx_mode == MCCL_RX_COLL ||
-      c->rx_mode == MCCL_RX_ABORT)
+      c->rx_mode == MCCL_RX_ABORT || c->rx_mode == MCCL_RX_PARK)
     return 1;
   if (c->rx_mode == MCCL_RX_PEEKED) return 0;
   return t->p2p.wanted != NULL && t->p2p.wanted(t->p2p.ctx, peer);
+}
+
+/* Nothing is wanted from `c`, but a collective frame arriving now could be parked (park.h). */
+static int readAhead(const mcclConn* c) {
+  return c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !c->ahead_stop && !c->rx_held &&
+         c->fd >= 0 && !c->dead && mcclParkFits(&c->park, 0);
+}
+
+static int wantRead(const mcclTransport* t, int peer) {
+  return wanted(t, peer) || readAhead(&t->conns[peer]);
+}
+
+/* Reading ahead: look at the next header without taking it, and take it only when it is a
+ * collective frame that fits the park. Returns 1 when c->rhdr now holds it, 0 when nothing may be
+ * read now (the socket is empty, or its next bytes are not for the park: ahead_stop is set). */
+static int aheadHeader(mcclConn* c) {
+  ssize_t n;
+  do n = recv(c->fd, c->rhdr, MCCL_FRAME_BYTES, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  if (n != MCCL_FRAME_BYTES || mcclGet32(c->rhdr) != MCCL_WIRE_MAGIC || c->rhdr[4] != MCCL_FRAME_DATA ||
+      !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))) {
+    c->ahead_stop = 1; /* a close, an error, a partial header or another frame: its reader decides */
+    return 0;
+  }
+  do n = recv(c->fd, c->rhdr, MCCL_FRAME_BYTES, MSG_DONTWAIT); /* the bytes just looked at */
+  while (n < 0 && errno == EINTR);
+  if (n != MCCL_FRAME_BYTES) {
+    c->ahead_stop = 1;
+    return 0;
+  }
+  return 1;
+}
+
+/* Start parking the collective frame whose header is c->rx_frame. Returns 0 when it cannot be
+ * parked (no room, or no memory: it then waits for its receive, as without a park). */
+static int parkStart(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  if (!mcclParkFits(&c->park, c->rx_frame.length)) return 0;
+  mcclParkedFrame* e = mcclParkPush(&c->park, &c->rx_frame);
+  if (e == NULL) return 0;
+  if (c->park.parked == 1) INFO(MCCL_SUB_NET, "rank %d: parking collective frames from rank %d that arrive before their receive, up to %zu bytes (MCCL_PARK_BYTES)",
+                                t->rank, peer, c->park.cap);
+  c->rx_mode = MCCL_RX_PARK;
+  c->rx_left = c->rx_frame.length;
+  mcclParkSpan(&c->park, e, &c->rx_dst, &c->rx_room);
+  return 1;
+}
+
+/* Give parked frames to the receives posted since, oldest first, each checked as a frame read
+ * straight into its receive would be. A frame still arriving into the park goes on straight
+ * into its receive's buffer. */
+static mcclResult_t parkDrain(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  mcclParkedFrame* e;
+  int popped = 0;
+  while (c->rq_head != NULL && (e = mcclParkHead(&c->park)) != NULL) {
+    mcclXfer* x = c->rq_head;
+    MCCLCHECK(frameCheck(t, peer, &e->frame, &x->frame));
+    int arriving = c->rx_mode == MCCL_RX_PARK && c->park.qlen == 1;
+    if (t->trace && x->t_first == 0) x->t_first = mcclNowNs();
+    mcclParkCopyOut(&c->park, e, x->buf, e->got);
+    size_t got = e->got;
+    mcclParkPop(&c->park);
+    popped = 1;
+    if (arriving) { /* the rest of its payload goes to the receive itself */
+      c->rx_mode = MCCL_RX_COLL;
+      c->rx_dst = x->buf + got;
+      c->rx_room = c->rx_left;
+      break;
+    }
+    if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, x);
+    x->complete = 1;
+    c->rq_head = x->next;
+    if (c->rq_head == NULL) c->rq_tail = NULL;
+  }
+  if (popped) c->ahead_stop = 0;
+  return mcclSuccess;
 }
 
 /* A peer's ABORT frame was read, its reason as far as it arrived before the peer closed: fail
@@ -448,7 +528,10 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : NULL);
     int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     ssize_t n = 0;
-    if (c->rx_mode == MCCL_RX_HEADER) {
+    if (c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !wanted(t, peer)) {
+      if (!aheadHeader(c)) return mcclSuccess;
+      n = MCCL_FRAME_BYTES;
+    } else if (c->rx_mode == MCCL_RX_HEADER) {
       n = recv(c->fd, c->rhdr + c->rhdr_got, MCCL_FRAME_BYTES - c->rhdr_got, MSG_DONTWAIT);
     } else if (reading) {
       size_t want = c->rx_dst ? c->rx_room : (c->rx_room < sizeof(sink) ? c->rx_room : sizeof(sink));
@@ -485,6 +568,8 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_left = c->rx_frame.length;
         MCCLCHECK(p2pRoom(t, peer));
         if (c->rx_held) return mcclSuccess;
+      } else if ((c->rq_head == NULL || c->park.qlen > 0) && parkStart(t, peer)) {
+        /* no receive for it yet (or older frames are parked): into the park */
       } else {
         c->rx_mode = MCCL_RX_PEEKED;
       }
@@ -493,13 +578,19 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
       c->rx_room -= (size_t)n;
+      if (c->rx_mode == MCCL_RX_PARK) {
+        mcclParkedFrame* e = mcclParkTail(&c->park);
+        e->got += (size_t)n;
+        if (c->rx_room == 0 && c->rx_left > 0) mcclParkSpan(&c->park, e, &c->rx_dst, &c->rx_room); /* wraps */
+      }
       if (c->rx_mode == MCCL_RX_P2P && c->rx_room == 0 && c->rx_left > 0) {
         MCCLCHECK(p2pRoom(t, peer));
         if (c->rx_held) return mcclSuccess;
       }
     }
     if (c->rx_mode == MCCL_RX_PEEKED) {
-      if (c->rq_head == NULL) return mcclSuccess; /* wait for the algorithm to post its receive */
+      /* wait for the algorithm to post its receive (behind the parked frames' receives) */
+      if (c->rq_head == NULL || c->park.qlen > 0) return mcclSuccess;
       MCCLCHECK(frameCheck(t, peer, &c->rx_frame, &c->rq_head->frame));
       c->rx_mode = MCCL_RX_COLL;
       c->rx_dst = c->rq_head->buf;
@@ -573,10 +664,19 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
       ready = 1;
     }
   }
-  /* A header read earlier and held for lack of a posted receive needs no poll once one is
-   * posted: its bytes are already here (an empty frame has no more). */
+  /* Receives posted since the last round take the parked frames first. A header read earlier
+   * and held for lack of a posted receive (or of park room) needs no poll once one is posted,
+   * or once the park has room for it: its bytes are already here (an empty frame has no more). */
   for (int r = 0; r < t->nranks; r++) {
-    if (t->conns[r].rx_mode == MCCL_RX_PEEKED && t->conns[r].rq_head != NULL) {
+    mcclConn* c = &t->conns[r];
+    if (c->park.qlen > 0 && c->rq_head != NULL) {
+      MCCLCHECK(parkDrain(t, r));
+      ready = 1;
+    }
+    if (c->rx_mode == MCCL_RX_PEEKED && c->rq_head != NULL && c->park.qlen == 0) {
+      MCCLCHECK(connRecv(t, r));
+      ready = 1;
+    } else if (c->rx_mode == MCCL_RX_PEEKED && c->rq_head == NULL && parkStart(t, r)) {
       MCCLCHECK(connRecv(t, r));
       ready = 1;
     }
@@ -588,18 +688,19 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     for (int r = 0; r < t->nranks; r++) snd->owner_queued[r] = t->conns[r].sq_head != NULL;
     pthread_mutex_unlock(&snd->mu);
   }
-  int np = 0, sending = 0;
+  int np = 0, busy = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (r == t->rank) continue;
-    int rd = wantRead(t, r), wr = snd != NULL ? snd->owner_queued[r] : c->sq_head != NULL;
+    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] : c->sq_head != NULL;
+    int rd = need || readAhead(c);
     if (!rd && !wr) continue;
+    busy |= need || wr;
     if (c->fd < 0 || c->dead) {
       snprintf(t->error, sizeof(t->error), "rank %d (%s) is no longer connected (%s)", r, c->addr,
                c->dead ? c->dead_reason : "never connected");
       return mcclRemoteError;
     }
-    if (snd != NULL && wr) sending = 1;
     short events = (short)((rd ? POLLIN : 0) | (wr && snd == NULL ? POLLOUT : 0));
     if (events == 0) continue;
     t->pfds[np].fd = c->fd;
@@ -607,7 +708,8 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     t->pfd_peer[np] = r;
     np++;
   }
-  t->idle = np == 0 && !sending;
+  /* Reading ahead alone keeps nobody waiting: with nothing posted the round is idle. */
+  t->idle = !busy;
   if (t->idle) return mcclSuccess;
   t->pfds[np].fd = t->wake[0];
   t->pfds[np].events = POLLIN;

@@ -5,8 +5,11 @@
  * until they complete. Each queue is FIFO, so frames leave and land in posting order, which is
  * the same order on every rank.
  *
- * Flow control: a connection is read only while a receive is posted on it, so a rank that runs
- * ahead is held back by TCP's own window (bounded by the socket buffers). Point-to-point messages
+ * Flow control: a connection is read while a receive is posted on it, and also, with nothing
+ * posted, while its park (park.h) has room for the collective frame that arrives next: a rank that
+ * runs ahead of its receiver by more than the park bound (MCCL_PARK_BYTES per peer) is held back by
+ * TCP's own window (bounded by the socket buffers). Failure notices and point-to-point frames are
+ * never read ahead. Point-to-point messages
  * that arrive before their receive are parked by the owner (core/p2p.c) within a byte budget per
  * peer; past it the owner holds the next message's header (MCCL_ARRIVE_HOLD) and the connection
  * is not read again until the owner takes it, which is TCP backpressure again.
@@ -35,6 +38,7 @@
 #include <stdint.h>
 
 #include "mccl.h"
+#include "transport/park.h"
 #include "transport/socket.h"
 #include "transport/wire.h"
 
@@ -53,7 +57,7 @@ typedef struct mcclXfer {
 } mcclXfer;
 
 /* Receive-side state of a connection: what the bytes arriving next are. */
-enum { MCCL_RX_HEADER = 0, MCCL_RX_COLL, MCCL_RX_P2P, MCCL_RX_PEEKED, MCCL_RX_ABORT };
+enum { MCCL_RX_HEADER = 0, MCCL_RX_COLL, MCCL_RX_P2P, MCCL_RX_PEEKED, MCCL_RX_ABORT, MCCL_RX_PARK };
 
 typedef struct mcclConn {
   int fd;                         /* -1 for self and for peers not connected */
@@ -66,8 +70,9 @@ typedef struct mcclConn {
   size_t rhdr_got;
   int rx_mode;                    /* MCCL_RX_*: reading a header, a collective payload, a
                                      point-to-point payload, holding a collective header that
-                                     no posted receive has claimed yet, or reading the reason of
-                                     an ABORT frame */
+                                     no posted receive has claimed yet (and the park cannot
+                                     take), reading the reason of an ABORT frame, or reading a
+                                     collective payload into the park */
   int rx_held;                    /* 1: the owner asked to hold the P2P frame being read
                                      (MCCL_ARRIVE_HOLD); nothing more is read from this connection
                                      until a later round's ask is answered otherwise */
@@ -77,6 +82,14 @@ typedef struct mcclConn {
   size_t rx_room;                 /* of those, how many may go to rx_dst before the owner of a
                                      P2P frame is asked where the rest goes */
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
+  mcclPark park;                  /* collective frames that arrived before their receive (park.h);
+                                     they come before any frame being read, so a posted receive
+                                     takes from here first */
+  int ahead_stop;                 /* 1: nothing is wanted from this peer and what arrives next
+                                     is not a collective frame the park can take (a failure
+                                     notice, a point-to-point message, a close, a frame too
+                                     large): stop reading ahead until a receive is posted or
+                                     the park frees room */
   char abort_reason[MCCL_MAX_ABORT_REASON + 1]; /* an ABORT frame's reason as it arrives */
   int dead;                       /* 1: the peer or this rank failed, later use is an error;
                                      2: also the peer's end is closed (seen while lingering) */

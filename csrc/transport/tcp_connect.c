@@ -181,7 +181,11 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
     snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
     return mcclSystemError;
   }
-  for (int r = 0; r < nranks; r++) t->conns[r].fd = -1;
+  size_t park = mcclParkBytes();
+  for (int r = 0; r < nranks; r++) {
+    t->conns[r].fd = -1;
+    t->conns[r].park.cap = park;
+  }
   if (pipe(t->wake) != 0) {
     snprintf(t->error, sizeof(t->error), "pipe() failed: %s", strerror(errno));
     return mcclSystemError;

@@ -180,9 +180,9 @@ mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq) {
       memcpy(reason, c->abort_reason, have);
       return settleFailed(t, r, &c->rx_frame, reason, have, seq);
     }
-    /* A frame in progress or held, or a collective header waiting for its receive (a later
-     * collective's: the peer completed this one), comes before any notice. */
-    if (c->rx_mode != MCCL_RX_HEADER || c->rx_held) continue;
+    /* A frame in progress or held, or a collective frame waiting for its receive, parked or
+     * not (a later collective's: the peer completed this one), comes before any notice. */
+    if (c->rx_mode != MCCL_RX_HEADER || c->rx_held || c->park.qlen > 0) continue;
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = POLLIN;
     t->pfds[np].revents = 0;
@@ -213,7 +213,7 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0 || c->dead) continue;
     char b;
-    int pending = c->rx_mode != MCCL_RX_HEADER || c->rhdr_got > 0 ||
+    int pending = c->rx_mode != MCCL_RX_HEADER || c->rhdr_got > 0 || c->park.qlen > 0 ||
                   recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
     if (!pending) continue;
     found++;
@@ -225,8 +225,10 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
 void mcclTransportClose(mcclTransport* t) {
   mcclTransportStopSender(t);
   if (t->conns != NULL)
-    for (int r = 0; r < t->nranks; r++)
+    for (int r = 0; r < t->nranks; r++) {
       if (t->conns[r].fd >= 0) close(t->conns[r].fd);
+      mcclParkFree(&t->conns[r].park);
+    }
   if (t->wake[0] >= 0) close(t->wake[0]);
   if (t->wake[1] >= 0) close(t->wake[1]);
   free(t->conns);

@@ -1,0 +1,81 @@
+/* park.c: bounded per-peer parking of collective frames that arrive ahead of their receive
+ * (park.h). Pure bookkeeping over a byte ring: no sockets, no locks. */
+#include "transport/park.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/param.h"
+
+size_t mcclParkBytes(void) {
+  int64_t v = mcclParamInt("MCCL_PARK_BYTES");
+  if (v >= 0) return (size_t)v;
+  return (size_t)(mcclParamInt("MCCL_PIPELINE_DEPTH") + 2) * (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
+}
+
+int mcclParkFits(const mcclPark* p, size_t bytes) {
+  return p->cap > 0 && p->qlen < MCCL_PARK_MAX_FRAMES && bytes <= p->cap - p->used;
+}
+
+mcclParkedFrame* mcclParkPush(mcclPark* p, const mcclFrame* f) {
+  if (f->length > 0 && p->buf == NULL && (p->buf = malloc(p->cap)) == NULL) return NULL;
+  if (p->qlen == p->qcap) {
+    int ncap = p->qcap ? 2 * p->qcap : 16;
+    mcclParkedFrame* nq = malloc((size_t)ncap * sizeof(*nq));
+    if (nq == NULL) return NULL;
+    for (int i = 0; i < p->qlen; i++) nq[i] = p->q[(p->qhead + i) % p->qcap];
+    free(p->q);
+    p->q = nq;
+    p->qcap = ncap;
+    p->qhead = 0;
+  }
+  mcclParkedFrame* e = &p->q[(p->qhead + p->qlen) % p->qcap];
+  p->qlen++;
+  e->frame = *f;
+  e->off = p->cap ? (p->head + p->used) % p->cap : 0;
+  e->got = 0;
+  p->used += f->length;
+  if (p->used > p->peak) p->peak = p->used;
+  p->parked++;
+  return e;
+}
+
+mcclParkedFrame* mcclParkHead(mcclPark* p) { return p->qlen ? &p->q[p->qhead] : NULL; }
+
+mcclParkedFrame* mcclParkTail(mcclPark* p) { return p->qlen ? &p->q[(p->qhead + p->qlen - 1) % p->qcap] : NULL; }
+
+void mcclParkSpan(const mcclPark* p, const mcclParkedFrame* e, char** dst, size_t* room) {
+  size_t left = e->frame.length - e->got;
+  if (left == 0) {
+    *dst = NULL;
+    *room = 0;
+    return;
+  }
+  size_t pos = (e->off + e->got) % p->cap;
+  *dst = p->buf + pos;
+  *room = left < p->cap - pos ? left : p->cap - pos;
+}
+
+void mcclParkCopyOut(const mcclPark* p, const mcclParkedFrame* e, char* dst, size_t n) {
+  if (n == 0) return;
+  size_t first = p->cap - e->off < n ? p->cap - e->off : n;
+  memcpy(dst, p->buf + e->off, first);
+  if (n > first) memcpy(dst + first, p->buf, n - first);
+}
+
+void mcclParkPop(mcclPark* p) {
+  if (p->qlen == 0) return;
+  mcclParkedFrame* e = &p->q[p->qhead];
+  if (p->cap) p->head = (p->head + e->frame.length) % p->cap;
+  p->used -= e->frame.length;
+  p->qhead = (p->qhead + 1) % p->qcap;
+  if (--p->qlen == 0) p->head = 0;
+}
+
+void mcclParkFree(mcclPark* p) {
+  free(p->buf);
+  free(p->q);
+  size_t cap = p->cap;
+  memset(p, 0, sizeof(*p));
+  p->cap = cap;
+}

@@ -1,0 +1,329 @@
+/*
+ * test_park.c: parking of collective frames that arrive before their receive
+ * (csrc/transport/park.{h,c} and its use in tcp.c). First the byte ring on its own (wrapping,
+ * bounds), then rank 0's real receive path fed hand-made frames through a socketpair as "rank 1",
+ * while a send to "rank 2" that nobody reads keeps rank 0 busy (reading ahead happens while a rank
+ * has transfers posted, as during a collective; an idle transport reads nothing): frames are read
+ * ahead into the park up to its bound and no further, handed to receives posted later in arrival
+ * order with their bytes exact, checked against those receives as frames read directly are (a
+ * mismatch fails naming the field), and failure notices, closes and frames that do not fit are
+ * never read ahead (mcclTransportSettle still sees the notice).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "core/debug.h"
+#include "harness.h"
+#include "transport/park.h"
+#include "transport/tcp.h"
+#include "transport/wire.h"
+
+/* ---- the byte ring -------------------------------------------------------------------------- */
+
+static mcclFrame dataFrame(uint32_t step, uint32_t length, uint64_t seq) {
+  mcclFrame f;
+  memset(&f, 0, sizeof(f));
+  f.type = MCCL_FRAME_DATA;
+  f.coll = MCCL_COLL_ALLREDUCE;
+  f.dtype = mcclFloat32;
+  f.op = mcclSum;
+  f.seq = seq;
+  f.count = 1 << 20;
+  f.offset = (uint64_t)step * length;
+  f.length = length;
+  f.step = step;
+  return f;
+}
+
+/* Fill `e`'s payload through mcclParkSpan with bytes i*7+salt, as a reader would. */
+static void parkFill(mcclPark* p, mcclParkedFrame* e, uint8_t salt) {
+  char* dst;
+  size_t room;
+  size_t i = 0;
+  for (mcclParkSpan(p, e, &dst, &room); room > 0; mcclParkSpan(p, e, &dst, &room)) {
+    for (size_t k = 0; k < room; k++, i++) dst[k] = (char)(uint8_t)(i * 7 + salt);
+    e->got += room;
+  }
+}
+
+static int parkHolds(mcclPark* p, mcclParkedFrame* e, uint8_t salt) {
+  char* out = malloc(e->frame.length + 1);
+  mcclParkCopyOut(p, e, out, e->got);
+  int ok = e->got == e->frame.length;
+  for (size_t i = 0; i < e->got && ok; i++) ok = (uint8_t)out[i] == (uint8_t)(i * 7 + salt);
+  free(out);
+  return ok;
+}
+
+static void testRing(void) {
+  mcclPark p;
+  memset(&p, 0, sizeof(p));
+  p.cap = 1000;
+  EXPECT(mcclParkFits(&p, 1000) && !mcclParkFits(&p, 1001), "a frame fits iff its payload fits the whole park");
+  mcclFrame a = dataFrame(0, 400, 0), b = dataFrame(1, 400, 0), c = dataFrame(2, 500, 0);
+  mcclParkedFrame* e = mcclParkPush(&p, &a);
+  parkFill(&p, e, 1);
+  e = mcclParkPush(&p, &b);
+  parkFill(&p, e, 2);
+  EXPECT(p.used == 800 && !mcclParkFits(&p, 201) && mcclParkFits(&p, 200), "used %zu", p.used);
+  EXPECT(parkHolds(&p, mcclParkHead(&p), 1), "first frame's bytes");
+  mcclParkPop(&p);
+  e = mcclParkPush(&p, &c); /* 800..1000, then 0..300: wraps */
+  EXPECT(e->off == 800, "third frame starts at %zu", e->off);
+  parkFill(&p, e, 3);
+  EXPECT(mcclParkHead(&p)->frame.step == 1 && parkHolds(&p, mcclParkHead(&p), 2), "second frame, untouched by the third");
+  mcclParkPop(&p);
+  EXPECT(mcclParkHead(&p)->frame.step == 2 && parkHolds(&p, mcclParkHead(&p), 3), "the wrapped frame reads back whole");
+  EXPECT(p.peak == 900, "peak %zu", p.peak);
+  mcclParkPop(&p);
+  EXPECT(p.qlen == 0 && p.used == 0, "empty again");
+  /* Empty frames (announcements) take a header each, up to MCCL_PARK_MAX_FRAMES. */
+  mcclFrame z = dataFrame(0, 0, 1);
+  int n = 0;
+  while (mcclParkFits(&p, 0) && n <= MCCL_PARK_MAX_FRAMES) mcclParkPush(&p, &z), n++;
+  EXPECT(n == MCCL_PARK_MAX_FRAMES, "%d empty frames parked", n);
+  mcclParkFree(&p);
+  EXPECT(p.cap == 1000 && p.qlen == 0 && p.buf == NULL, "free keeps the bound");
+  mcclPark off;
+  memset(&off, 0, sizeof(off));
+  EXPECT(!mcclParkFits(&off, 0), "a park of 0 bytes takes nothing (MCCL_PARK_BYTES=0)");
+}
+
+/* ---- the receive path ----------------------------------------------------------------------- */
+
+#define SEG (64 * 1024)
+#define NFRAMES 6
+
+typedef struct {
+  uint8_t* bytes; /* what "rank 1" writes: headers and payloads */
+  size_t len, sent;
+} Wire;
+
+static void wireAdd(Wire* w, const mcclFrame* f, const void* payload) {
+  w->bytes = realloc(w->bytes, w->len + MCCL_FRAME_BYTES + f->length);
+  mcclFrameEncode(w->bytes + w->len, f);
+  memcpy(w->bytes + w->len + MCCL_FRAME_BYTES, payload, f->length);
+  w->len += MCCL_FRAME_BYTES + f->length;
+}
+
+/* Write what the socket takes; 1 when everything is written. */
+static int wirePump(Wire* w, int fd) {
+  while (w->sent < w->len) {
+    ssize_t n = send(fd, w->bytes + w->sent, w->len - w->sent, MSG_DONTWAIT);
+    if (n <= 0) return 0;
+    w->sent += (size_t)n;
+  }
+  return 1;
+}
+
+/* Rank 0 of 3: rank 1 is `peer_fd` (the test writes its frames there), rank 2 is `busy_fd`, where
+ * a send of 8 MiB that is never read stays posted. */
+typedef struct {
+  mcclTransport tp;
+  int peer_fd, busy_fd;
+  mcclXfer busy;
+  char* busy_buf;
+} Rig;
+
+static int rigOpen(Rig* g) {
+  memset(g, 0, sizeof(*g));
+  int a[2], b[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) != 0) return -1;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b) != 0) return -1;
+  int fds[3] = {-1, a[0], b[0]};
+  if (mcclTransportFromFds(&g->tp, 0, 3, fds) != mcclSuccess) return -1;
+  g->peer_fd = a[1];
+  g->busy_fd = b[1];
+  fcntl(g->peer_fd, F_SETFL, fcntl(g->peer_fd, F_GETFL, 0) | O_NONBLOCK);
+  g->busy_buf = calloc(1, 8 << 20);
+  g->busy.frame = dataFrame(0, 8 << 20, 0);
+  g->busy.buf = g->busy_buf;
+  g->busy.bytes = 8 << 20;
+  mcclTransportPostSend(&g->tp, 2, &g->busy);
+  return 0;
+}
+
+static void rigClose(Rig* g) {
+  mcclTransportClose(&g->tp);
+  if (g->peer_fd >= 0) close(g->peer_fd);
+  close(g->busy_fd);
+  free(g->busy_buf);
+}
+
+static mcclResult_t progress(Rig* g) {
+  mcclResult_t res = mcclTransportProgress(&g->tp, mcclNowNs() + 2 * 1000000LL, NULL);
+  return res == mcclTimeout ? mcclSuccess : res; /* the busy send never completes */
+}
+
+static void payloadOf(int i, float* out, size_t n) {
+  for (size_t k = 0; k < n; k++) out[k] = (float)(i * 100000 + (int)k);
+}
+
+/* Frames F0..F5 of 64 KiB arrive with no receive posted; the park (3 frames' worth) takes F0..F2
+ * and reading stops there; receives posted afterwards get every frame exact, in order. */
+static void testReadAheadBound(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  c->park.cap = 3 * SEG;
+  Wire w = {0};
+  float* src = malloc(SEG);
+  for (int i = 0; i < NFRAMES; i++) {
+    payloadOf(i, src, SEG / sizeof(float));
+    mcclFrame f = dataFrame((uint32_t)i, SEG, 0);
+    wireAdd(&w, &f, src);
+  }
+  for (int round = 0; round < 200; round++) {
+    wirePump(&w, lb.peer_fd);
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+  }
+  EXPECT(c->park.qlen == 3 && c->park.used == 3 * SEG, "parked %d frames, %zu bytes", c->park.qlen, c->park.used);
+  EXPECT(c->park.peak <= c->park.cap, "peak %zu over the bound %zu", c->park.peak, c->park.cap);
+  EXPECT(c->ahead_stop == 1 && c->rx_mode == MCCL_RX_HEADER, "the fourth frame is left to TCP (mode %d)", c->rx_mode);
+
+  mcclXfer x[NFRAMES];
+  float* dst[NFRAMES];
+  memset(x, 0, sizeof(x));
+  for (int i = 0; i < NFRAMES; i++) {
+    dst[i] = calloc(1, SEG);
+    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].buf = (char*)dst[i];
+    x[i].bytes = SEG;
+    mcclTransportPostRecv(&lb.tp, 1, &x[i]);
+  }
+  int64_t until = mcclNowNs() + 5000 * 1000000LL;
+  while (!atomic_load(&x[NFRAMES - 1].complete) && mcclNowNs() < until) {
+    wirePump(&w, lb.peer_fd);
+    mcclResult_t res = progress(&lb);
+    EXPECT(res == mcclSuccess, "progress: %s", lb.tp.error);
+    if (res != mcclSuccess) break;
+  }
+  for (int i = 0; i < NFRAMES; i++) {
+    payloadOf(i, src, SEG / sizeof(float));
+    EXPECT(atomic_load(&x[i].complete) && memcmp(src, dst[i], SEG) == 0, "frame %d complete and exact", i);
+    free(dst[i]);
+  }
+  EXPECT(c->park.qlen == 0 && c->park.parked == 3, "park empty at the end (%d left, %llu parked in all)",
+         c->park.qlen, (unsigned long long)c->park.parked);
+  char desc[64];
+  EXPECT(mcclTransportUnread(&lb.tp, desc, sizeof(desc)) == 0, "nothing unread: %s", desc);
+  free(src);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+/* A parked frame is checked against the receive it is given to: another step is a mismatch. */
+static void testParkedMismatch(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  Wire w = {0};
+  char payload[256] = {0};
+  mcclFrame f = dataFrame(9, sizeof(payload), 0);
+  wireAdd(&w, &f, payload);
+  for (int round = 0; round < 20; round++) {
+    wirePump(&w, lb.peer_fd);
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+  }
+  EXPECT(lb.tp.conns[1].park.qlen == 1, "parked");
+  char out[256];
+  mcclXfer x;
+  memset(&x, 0, sizeof(x));
+  x.frame = dataFrame(10, sizeof(out), 0);
+  x.buf = out;
+  x.bytes = sizeof(out);
+  mcclTransportPostRecv(&lb.tp, 1, &x);
+  mcclResult_t res = progress(&lb);
+  EXPECT(res == mcclMismatch && strstr(lb.tp.error, "step") != NULL, "%s: %s", mcclGetErrorString(res),
+         lb.tp.error);
+  EXPECT(!atomic_load(&x.complete), "the mismatched receive did not complete");
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+/* A failure notice is never read ahead: it stays in the socket for mcclTransportSettle, which
+ * fails the collective the notice's sender did not complete; behind a parked frame of the next
+ * collective it cannot concern this one. */
+static void testNoticeNotReadAhead(int behind_parked) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  Wire w = {0};
+  char payload[128] = {0};
+  if (behind_parked) {
+    mcclFrame f = dataFrame(0, sizeof(payload), 1); /* collective #1's: the peer completed #0 */
+    wireAdd(&w, &f, payload);
+  }
+  const char reason[] = "boom";
+  mcclFrame a;
+  memset(&a, 0, sizeof(a));
+  a.type = MCCL_FRAME_ABORT;
+  a.seq = behind_parked ? 1 : 0; /* collectives its sender completed */
+  a.length = sizeof(reason) - 1;
+  wireAdd(&w, &a, reason);
+  for (int round = 0; round < 20; round++) {
+    wirePump(&w, lb.peer_fd);
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+  }
+  EXPECT(c->park.qlen == (behind_parked ? 1 : 0) && c->ahead_stop == 1 && c->rx_mode == MCCL_RX_HEADER && !c->dead,
+         "parked %d, ahead_stop %d, mode %d, dead %d", c->park.qlen, c->ahead_stop, c->rx_mode, c->dead);
+  uint8_t peek[MCCL_FRAME_BYTES];
+  EXPECT(recv(c->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof(peek) && peek[4] == MCCL_FRAME_ABORT,
+         "the notice is still in the socket");
+  mcclResult_t res = mcclTransportSettle(&lb.tp, 0);
+  if (behind_parked)
+    EXPECT(res == mcclSuccess, "collective #0 settles: the notice's sender completed it (%s)", lb.tp.error);
+  else
+    EXPECT(res == mcclRemoteError && strstr(lb.tp.error, "boom") != NULL, "settle: %s: %s",
+           mcclGetErrorString(res), lb.tp.error);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+/* A peer that sent a frame and closed: the frame is parked, the close is not read ahead; the
+ * receive for the frame completes, and only a receive for more fails, naming the close. */
+static void testCloseAfterParked(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  Wire w = {0};
+  char payload[1000];
+  for (size_t i = 0; i < sizeof(payload); i++) payload[i] = (char)i;
+  mcclFrame f = dataFrame(0, sizeof(payload), 0);
+  wireAdd(&w, &f, payload);
+  EXPECT(wirePump(&w, lb.peer_fd), "written");
+  close(lb.peer_fd);
+  lb.peer_fd = -1;
+  for (int round = 0; round < 20; round++) EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+  EXPECT(lb.tp.conns[1].park.qlen == 1, "parked");
+  char out[1000], more[1000];
+  mcclXfer x[2];
+  memset(x, 0, sizeof(x));
+  x[0].frame = dataFrame(0, sizeof(out), 0);
+  x[0].buf = out;
+  x[0].bytes = sizeof(out);
+  x[1].frame = dataFrame(1, sizeof(more), 0);
+  x[1].buf = more;
+  x[1].bytes = sizeof(more);
+  mcclTransportPostRecv(&lb.tp, 1, &x[0]);
+  mcclTransportPostRecv(&lb.tp, 1, &x[1]);
+  mcclResult_t res = mcclSuccess;
+  for (int round = 0; round < 20 && res == mcclSuccess; round++) res = progress(&lb);
+  EXPECT(atomic_load(&x[0].complete) && memcmp(out, payload, sizeof(out)) == 0, "the parked frame arrived whole");
+  EXPECT(res == mcclRemoteError && strstr(lb.tp.error, "closed the connection") != NULL, "%s: %s",
+         mcclGetErrorString(res), lb.tp.error);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+int main(void) {
+  testRing();
+  testReadAheadBound();
+  testParkedMismatch();
+  testNoticeNotReadAhead(0);
+  testNoticeNotReadAhead(1);
+  testCloseAfterParked();
+  return harnessExit("test_park");
+}
