@@ -19,7 +19,8 @@
  * peer's notice that it did not complete it is already readable.
  *
  * Files: tcp_connect.c opens the mesh (mcclTransportInit, mcclTransportFromFds), tcp.c is the
- * data path (posting, the sender thread, progress), tcp_fail.c the failure side (mcclTransportFail,
+ * data path (posting, the sender thread, progress; park.c holds frames that come before their
+ * receive), tcp_fail.c the failure side (mcclTransportFail,
  * mcclTransportSettle, mcclTransportUnread, mcclTransportClose).
  *
  * Threading: a transport is owned by its communicator's engine thread; only mcclTransportWake

@@ -194,8 +194,8 @@ def _queued_then_lost(rank: int, world_size: int, how: str, warm: bool = True) -
     """Ranks 0..n-2 queue an all-reduce, a stream wait and a kernel after it; the last rank never
     issues (it is killed, or rank 0 aborts). The stream must be released and every survivor raise.
     Without ``warm``, the kernel after the wait is launched for the first time: its launch blocks
-    the host until the stream wait is released (CUDA's lazy loading, see _load_kernels), which
-    happens when the group's timeout fails the collective: late, but no hang."""
+    the host until the stream wait is released (CUDA's lazy loading, see _load_kernels), so the
+    rank says "queued" just before that launch, and the kill (or the abort) must release it."""
     from torch.distributed.distributed_c10d import _abort_process_group
 
     dev = _device("cuda", rank)
@@ -213,8 +213,11 @@ def _queued_then_lost(rank: int, world_size: int, how: str, warm: bool = True) -
     t0 = time.perf_counter()
     w = dist.all_reduce(x, async_op=True)
     w.wait()                   # a stream wait on the consumer ticket
+    if not warm:
+        notify("queued")       # the launch below blocks until the wait is released
     after = x + 1              # a kernel queued behind it
-    notify("queued")
+    if warm:
+        notify("queued")
     if how == "abort":
         time.sleep(1.0)
         _abort_process_group()
