@@ -7,8 +7,10 @@
  * ahead into the park up to its bound and no further, handed to receives posted later in arrival
  * order with their bytes exact, checked against those receives as frames read directly are (a
  * mismatch fails naming the field), and failure notices, closes and frames that do not fit are
- * never read ahead (mcclTransportSettle still sees the notice).
+ * never read ahead (mcclTransportSettle still sees the notice). Last, 4 ranks of which one enters
+ * an all-reduce 1 s late: no rank's RSS grows by more than its park bound plus 2 MiB.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -318,6 +320,54 @@ static void testCloseAfterParked(void) {
   rigClose(&lb);
 }
 
+/* ---- memory under skew ---------------------------------------------------------------------- */
+
+#define SKEW_COUNT (16u << 20) /* 64 MiB of float32 per rank */
+
+/* This process's resident set, "VmRSS" or "VmHWM" (peak), in bytes (0 when unreadable). */
+static size_t procStatusBytes(const char* key) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == NULL) return 0;
+  char line[256];
+  size_t kb = 0, klen = strlen(key);
+  while (fgets(line, sizeof(line), f) != NULL)
+    if (strncmp(line, key, klen) == 0 && line[klen] == ':') kb = (size_t)strtoull(line + klen + 1, NULL, 10);
+  fclose(f);
+  return kb * 1024;
+}
+
+/* 4 ranks all-reduce 64 MiB, the last entering 1 s after the others: the ranks that run ahead
+ * park what their peers send, but no more than the park bound, so no rank's peak RSS grows by
+ * more than that bound plus 2 MiB over what it had after an unskewed warm-up of the same size
+ * (an unbounded park would take most of the 64 MiB a peer sends). Results exact. */
+static int skewedRank(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  float* buf = malloc((size_t)SKEW_COUNT * sizeof(float));
+  for (size_t i = 0; i < SKEW_COUNT; i++) buf[i] = (float)((i % 1000) + (size_t)r);
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, SKEW_COUNT, mcclFloat32, mcclSum, comm, NULL, NULL));
+  for (size_t i = 0; i < SKEW_COUNT; i++) buf[i] = (float)((i % 1000) + (size_t)r);
+  EXPECT_OK(comm, mcclBarrier(comm, NULL, NULL));
+  FILE* clear = fopen("/proc/self/clear_refs", "w"); /* "5": reset the peak to the current RSS */
+  int peak_ok = clear != NULL && fputs("5", clear) >= 0;
+  if (clear != NULL) peak_ok = fclose(clear) == 0 && peak_ok;
+  size_t before = procStatusBytes("VmRSS");
+  if (r == n - 1) harnessSleepUs(1000 * 1000);
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, SKEW_COUNT, mcclFloat32, mcclSum, comm, NULL, NULL));
+  size_t after = procStatusBytes(peak_ok ? "VmHWM" : "VmRSS");
+  size_t bound = mcclParkBytes() + (2u << 20);
+  EXPECT(before > 0 && after <= before + bound, "rank %d: RSS grew by %.2f MiB under a 1 s skew (bound %.2f MiB)", r,
+         ((double)after - (double)before) / (1 << 20), (double)bound / (1 << 20));
+  int exact = 1;
+  for (size_t i = 0; i < SKEW_COUNT && exact; i++) exact = buf[i] == (float)(4 * (i % 1000) + 6);
+  EXPECT(exact, "rank %d: skewed all-reduce exact", r);
+  harnessReport(harnessDigest(buf, (size_t)SKEW_COUNT * sizeof(float)));
+  mcclCommDestroy(comm);
+  free(buf);
+  return 0;
+}
+
 int main(void) {
   testRing();
   testReadAheadBound();
@@ -325,5 +375,6 @@ int main(void) {
   testNoticeNotReadAhead(0);
   testNoticeNotReadAhead(1);
   testCloseAfterParked();
+  EXPECT(harnessRunRanks(4, 60, skewedRank, NULL) == 0, "4 ranks, one 1 s late: every rank passed");
   return harnessExit("test_park");
 }
