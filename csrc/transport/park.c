@@ -34,6 +34,7 @@ mcclParkedFrame* mcclParkPush(mcclPark* p, const mcclFrame* f) {
   e->frame = *f;
   e->off = p->cap ? (p->head + p->used) % p->cap : 0;
   e->got = 0;
+  e->t_first = 0;
   p->used += f->length;
   if (p->used > p->peak) p->peak = p->used;
   p->parked++;

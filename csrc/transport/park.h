@@ -35,6 +35,7 @@ typedef struct {
   mcclFrame frame;   /* its header, as checked on arrival (mcclFrameHeaderCheck) */
   size_t off;        /* where its payload starts in the byte ring */
   size_t got;        /* payload bytes arrived so far (== frame.length once whole) */
+  int64_t t_first;   /* with a trace: when its header arrived (mcclNowNs), else 0 */
 } mcclParkedFrame;
 
 typedef struct {

@@ -429,6 +429,7 @@ static int parkStart(mcclTransport* t, int peer) {
   if (e == NULL) return 0;
   if (c->park.parked == 1) INFO(MCCL_SUB_NET, "rank %d: parking collective frames from rank %d that arrive before their receive, up to %zu bytes (MCCL_PARK_BYTES)",
                                 t->rank, peer, c->park.cap);
+  if (t->trace) e->t_first = mcclNowNs();
   c->rx_mode = MCCL_RX_PARK;
   c->rx_left = c->rx_frame.length;
   mcclParkSpan(&c->park, e, &c->rx_dst, &c->rx_room);
@@ -446,7 +447,7 @@ static mcclResult_t parkDrain(mcclTransport* t, int peer) {
     mcclXfer* x = c->rq_head;
     MCCLCHECK(frameCheck(t, peer, &e->frame, &x->frame));
     int arriving = c->rx_mode == MCCL_RX_PARK && c->park.qlen == 1;
-    if (t->trace && x->t_first == 0) x->t_first = mcclNowNs();
+    if (t->trace && x->t_first == 0) x->t_first = arriving ? e->t_first : mcclNowNs();
     mcclParkCopyOut(&c->park, e, x->buf, e->got);
     size_t got = e->got;
     mcclParkPop(&c->park);
@@ -457,7 +458,7 @@ static mcclResult_t parkDrain(mcclTransport* t, int peer) {
       c->rx_room = c->rx_left;
       break;
     }
-    if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, x);
+    /* (its arrival is in the trace already: a "park" span on this link's track) */
     x->complete = 1;
     c->rq_head = x->next;
     if (c->rq_head == NULL) c->rq_tail = NULL;
@@ -608,6 +609,11 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       t->p2p.landed(t->p2p.ctx, peer, &c->rx_frame);
     } else if (c->rx_mode == MCCL_RX_ABORT) {
       return abortArrived(t, peer);
+    } else if (c->rx_mode == MCCL_RX_PARK && t->trace) { /* its bytes' arrival, on the wire's track */
+      mcclParkedFrame* e = mcclParkTail(&c->park);
+      mcclTraceArgs a = {.coll = e->frame.coll, .step = e->frame.step, .seq = e->frame.seq,
+                         .offset = e->frame.offset, .bytes = e->frame.length};
+      mcclTraceSpan(t->trace, mcclTraceRecvTrack(peer), MCCL_TRACE_PARK, e->t_first, mcclNowNs(), &a);
     }
     c->rx_mode = MCCL_RX_HEADER;
     c->rx_dst = NULL;

@@ -52,6 +52,8 @@ class LinkSummary:
     busy_us: float = 0.0
     queued_us: float = 0.0  # send links: frames posted but not yet taken by the kernel
     window_us: float = 0.0  # send links: the socket full (the peer's TCP window, or the wire)
+    parked_frames: int = 0  # receive links: frames that arrived before their receive was posted
+    parked_bytes: int = 0
     bubbles_us: dict = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
     bubble_count: dict = field(default_factory=lambda: {c: 0 for c in CAUSES})
 
@@ -131,7 +133,8 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
         summaries = []
         for tid in sorted(links):
             evs = [e for e in links[tid] if mine(e)]
-            moves = sorted((e for e in evs if e["name"] in ("send", "recv")), key=lambda e: e["ts"])
+            # A parked frame's bytes arrived during its "park" span (csrc/transport/park.h).
+            moves = sorted((e for e in evs if e["name"] in ("send", "recv", "park")), key=lambda e: e["ts"])
             if not moves:
                 continue
             waits = [e for e in evs if e["name"] in ("send-queued", "recv-wait")]
@@ -148,6 +151,8 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
             s.window_us = sum(b - a for a, b in _union(windows)) if tid % 2 == 1 else 0.0
             s.frames = len(moves)
             s.bytes = sum(e["args"]["bytes"] for e in moves)
+            parked = [e for e in moves if e["name"] == "park"]
+            s.parked_frames, s.parked_bytes = len(parked), sum(e["args"]["bytes"] for e in parked)
             first = min([e["ts"] for e in moves + waits])
             last = max(e["ts"] + e["dur"] for e in moves)
             s.pending_us = last - first
@@ -220,6 +225,12 @@ def report(summaries: list[CollectiveSummary], top: int, stream=sys.stdout) -> N
                       f"{_fmt_ms(c.dur_us)}   queued {link.queued_us / 1e3:.3f} ms, socket full "
                       f"{link.window_us / 1e3:.3f} ms, reduce/copy on the engine {c.reduce_us / 1e3:.3f} ms",
                       file=stream)
+    parked = [(link.parked_frames, link.parked_bytes, link.frames) for c in summaries for link in c.links
+              if link.track.startswith("recv")]
+    if parked:
+        nf, nb, all_frames = (sum(p[i] for p in parked) for i in range(3))
+        print(f"parked (arrived before their receive was posted): {nf} of {all_frames} received frames, "
+              f"{nb / 2**20:.2f} MiB", file=stream)
     total = sum(totals.values())
     if total > 0:
         parts = ", ".join(f"{k} {v / 1e3:.3f} ms ({100 * v / total:.0f}%)"
@@ -235,6 +246,7 @@ def _as_json(summaries: list[CollectiveSummary]) -> list[dict]:
                     "links": [{"track": l.track, "bytes": l.bytes, "frames": l.frames,
                                "pending_us": l.pending_us, "busy_us": l.busy_us, "idle_us": l.idle_us,
                                "queued_us": l.queued_us, "window_us": l.window_us,
+                               "parked_frames": l.parked_frames, "parked_bytes": l.parked_bytes,
                                "bubbles_us": l.bubbles_us, "bubble_count": l.bubble_count}
                               for l in c.links]})
     return out
