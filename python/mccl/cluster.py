@@ -41,7 +41,8 @@ TORCHELASTIC_RUN_ID, OMP_NUM_THREADS=1 and GLOO_SOCKET_IFNAME=eth0 (Gloo otherwi
 machine's host name to an address that does not exist inside the namespace), and kills every rank
 when one fails, when the deadline passes, or when the tool itself is interrupted. With
 ``--rank-order`` other than ``in-order`` it prints which host (and switch) each rank runs in, and
-MASTER_ADDR is rank 0's host; every rank also gets MCCL_CLUSTER_HOST and MCCL_CLUSTER_SWITCH.
+MASTER_ADDR is rank 0's host; every rank also gets MCCL_CLUSTER_HOST, MCCL_CLUSTER_SWITCH and
+MCCL_CLUSTER_RANK_ORDER (``mccl.bench --cluster ID --rank-order ...`` launches through the same code).
 
 The hosts share the machine's CPUs unless ``up --cpus-per-host C`` gives each its own: host i gets
 the (i+1)-th C of the CPUs ``up`` may run on, kept in the cluster's state, and every process the
@@ -750,8 +751,28 @@ def rank_hosts(spec: ClusterSpec, world_size: int, nproc_per_host: int = 1, orde
 
 def format_rank_hosts(spec: ClusterSpec, hosts: Sequence[int]) -> str:
     """``rank 0: h2 (switch 1), rank 1: h0 (switch 0), ...`` (no switches with one switch)."""
-    return ", ".join(f"rank {r}: h{h}" + (f" (switch {spec.switch_of(h)})" if spec.switches > 1 else "")
+    return format_placement(hosts, [spec.switch_of(h) for h in hosts] if spec.switches > 1 else None)
+
+
+def format_placement(hosts: Sequence[int], switches: Sequence[int] | None = None) -> str:
+    """:func:`format_rank_hosts` from every rank's host and, with several switches, its switch (as
+    a job's ranks see them in MCCL_CLUSTER_HOST and MCCL_CLUSTER_SWITCH)."""
+    return ", ".join(f"rank {r}: h{h}" + (f" (switch {switches[r]})" if switches is not None else "")
                      for r, h in enumerate(hosts))
+
+
+#: --rank-order's help, shared by ``run`` and ``mccl.bench --cluster``.
+RANK_ORDER_HELP = ("which host each rank runs in: in-order (rank r in host r // nproc-per-host), interleave "
+                   "(consecutive ranks on different switches), shuffle[:SEED] (in-order slots shuffled with "
+                   "random.Random(SEED), SEED 0 by default); other than in-order, the mapping is printed")
+
+
+def across_switches_pair(spec: ClusterSpec, server: int | None = None, client: int | None = None) -> tuple[int, int]:
+    """(server, client) of a goodput measurement through the uplinks: host 0 and the first host of
+    switch 1, unless given; ClusterError with one switch."""
+    if spec.switches < 2:
+        raise ClusterError(f"--across-switches: cluster '{spec.id}' has one switch")
+    return (0 if server is None else server), (spec.first_host(1) if client is None else client)
 
 
 def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = None, nproc_per_host: int = 1,
@@ -762,11 +783,12 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
     Without ``spec`` the ranks run on this machine over loopback (like ``torchrun --standalone``);
     with it, rank r runs in host ``r // nproc_per_host``, or where ``rank_order`` puts it
     (:func:`rank_hosts`; the mapping is printed to stderr, and MASTER_ADDR is rank 0's host).
-    Every rank gets MCCL_CLUSTER_HOST and MCCL_CLUSTER_SWITCH. Output is forwarded line by line, every
-    line of rank r > 0 (and of rank 0 when ``tag_rank0``) prefixed with ``[rank r]``. When a rank
-    fails, the deadline passes or this process gets SIGINT/SIGTERM/SIGHUP, every rank's process
-    group is killed (SIGTERM, then SIGKILL after 5 s). Returns 0 when all ranks exited 0, 124 on
-    timeout, else the first non-zero exit status (128+signal for a signalled rank).
+    Every rank gets MCCL_CLUSTER_HOST, MCCL_CLUSTER_SWITCH and MCCL_CLUSTER_RANK_ORDER. Output is
+    forwarded line by line, every line of rank r > 0 (and of rank 0 when ``tag_rank0``) prefixed
+    with ``[rank r]``. When a rank fails, the deadline passes or this process gets
+    SIGINT/SIGTERM/SIGHUP, every rank's process group is killed (SIGTERM, then SIGKILL after 5 s).
+    Returns 0 when all ranks exited 0, 124 on timeout, else the first non-zero exit status
+    (128+signal for a signalled rank).
     """
     out = out or sys.stdout.buffer
     if spec is not None:
@@ -821,7 +843,7 @@ def launch(argv: Sequence[str], world_size: int, *, spec: ClusterSpec | None = N
                 if spec is not None:
                     env.update({"GLOO_SOCKET_IFNAME": HOST_IFNAME, "MCCL_CLUSTER_ID": spec.id,
                                 "MCCL_CLUSTER_HOST": str(host), "MCCL_CLUSTER_SWITCH": str(spec.switch_of(host)),
-                                "MCCL_CLUSTER_RATE": spec.rate})
+                                "MCCL_CLUSTER_RATE": spec.rate, "MCCL_CLUSTER_RANK_ORDER": rank_order})
                 env.update(extra_env or {})
                 p = subprocess.Popen(host_argv(spec, host, argv) if spec else list(argv), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -1186,10 +1208,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=_cli.number_at_least(0, what="number of seconds"), default=3600,
                     help="kill every rank after this many seconds (0: no deadline)")
     sp.add_argument("--tag-rank0", action="store_true", help="prefix rank 0's lines with [rank 0] too")
-    sp.add_argument("--rank-order", type=rank_order_arg, default="in-order",
-                    help="which host each rank runs in: in-order (rank r in host r // nproc-per-host), interleave "
-                         "(consecutive ranks on different switches), shuffle[:SEED] (in-order slots shuffled with "
-                         "random.Random(SEED), SEED 0 by default); other than in-order, the mapping is printed")
+    sp.add_argument("--rank-order", type=rank_order_arg, default="in-order", help=RANK_ORDER_HELP)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     sp = with_id(sub.add_parser("exec", help="run one command inside one host", formatter_class=fmt))
@@ -1289,10 +1308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = load_spec(args.id)
             server, client = args.server, args.client
             if args.across_switches:
-                if spec.switches < 2:
-                    raise ClusterError(f"--across-switches: cluster '{spec.id}' has one switch")
-                server = 0 if server is None else server
-                client = spec.first_host(1) if client is None else client
+                server, client = across_switches_pair(spec, server, client)
             server, client = 0 if server is None else server, 1 if client is None else client
             gp = measure_goodput(spec, server, client, args.seconds, args.tool)
             crosses = spec.switches > 1 and spec.switch_of(server) != spec.switch_of(client)

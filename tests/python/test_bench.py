@@ -14,7 +14,7 @@ import torch
 
 from mccl.bench import collectives as C
 from mccl.bench import ddp as D
-from mccl.bench import report
+from mccl.bench import report, runtime
 from mccl.bench.__main__ import build_parser
 from mccl.cluster import free_port
 
@@ -64,6 +64,8 @@ def test_sizes_and_iterations():
     ("collectives", ["--threads", "0"], "must be 1 or more"),
     ("collectives", ["--nproc", "-1"], "must be 1 or more"),
     ("collectives", ["--cluster", "BAD"], "must be 1-4 lowercase letters or digits"),
+    ("collectives", ["--rank-order", "random"], "expected in-order, interleave, shuffle or shuffle:SEED"),
+    ("ddp", ["--rank-order", "shuffle:x"], "expected in-order, interleave, shuffle or shuffle:SEED"),
     ("overlap", ["--steps", "0"], "must be 1 or more"),
     ("overlap", ["--buckets", "0"], "must be 1 or more"),
     ("overlap", ["--bucket-mb", "0"], "above 0"),
@@ -83,6 +85,24 @@ def test_unknown_backend_is_named_before_any_rank_starts():
     rc, out = bench("--nproc", "2", "--backends", "mccl,foo", "--sizes", "1K")
     assert rc != 0 and "foo is not a torch.distributed backend here" in out and "Traceback" not in out, out[-3000:]
     assert "[rank" not in out, out[-3000:]  # refused by the driver: no rank ran
+
+
+def test_rank_order_without_a_cluster_is_one_line_exit_2():
+    """--rank-order places ranks on a cluster's hosts (mccl.cluster's own placement); on loopback
+    there are no hosts, so anything but in-order is refused before a rank starts."""
+    rc, out = bench("--nproc", "2", "--rank-order", "shuffle:1", "--sizes", "1K", deadline=60)
+    assert rc == 2 and "rank order 'shuffle:1' needs a cluster" in out and "Traceback" not in out, out[-3000:]
+    assert "[rank" not in out, out[-3000:]
+
+
+def test_placement_lines_name_every_rank_and_its_switch():
+    meta = {"placement": {"rank_order": "shuffle:1", "hosts": [3, 0, 2, 1], "switches": [1, 0, 1, 0]},
+            "cluster": {"switches": 2}}
+    assert runtime.placement_line(meta) == ("# ranks: rank order shuffle:1: rank 0: h3 (switch 1), rank 1: h0 "
+                                            "(switch 0), rank 2: h2 (switch 1), rank 3: h1 (switch 0)")
+    one = {"placement": {"rank_order": "in-order", "hosts": [0, 1], "switches": [0, 0]}, "cluster": {"switches": 1}}
+    assert runtime.placement_line(one) == "# ranks: rank order in-order: rank 0: h0, rank 1: h1"
+    assert runtime.placement_line({"placement": None}) is None and runtime.uplink_goodput_line({}) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.uint8])

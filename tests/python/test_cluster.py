@@ -421,3 +421,46 @@ def test_shuffled_ranks_are_grouped_by_switch(cluster_id):
         assert (f"rank {r}/4 of 'group 0': topology group '198.18.{spec.switch_of(h)}.0/24' (from the subnet); "
                 f"2 groups") in run.stdout, run.stdout
     assert "rings visit the ranks in the order 0 2 1 3" in run.stdout, run.stdout
+
+
+@needs_root
+def test_bench_rank_order_and_uplink_goodput(cluster_id, tmp_path):
+    """mccl.bench --cluster --rank-order shuffle:1 places the ranks as mccl.cluster run does
+    (printed, and in the JSON's meta.placement); with two switches and --goodput measure it
+    measures an uplink too (host 2 -> host 0 through 50 Mbit/s uplinks, header and JSON), and
+    MCCL_TOPOLOGY_GROUP=all (one name for every rank) gives mccl one group, so its ring follows
+    the shuffled ranks."""
+    tool("up", "--id", cluster_id, "--switches", "2", "--hosts-per-switch", "2", "--rate", "200mbit",
+         "--uplink-rate", "50mbit")
+    spec = cluster.load_spec(cluster_id)
+    hosts = cluster.rank_hosts(spec, 4, order="shuffle:1")
+
+    def bench(out_json, *extra, env=()):
+        proc = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", cluster_id, "--rank-order", "shuffle:1",
+                               "--sizes", "64K", "-n", "2", "-w", "1", "--ops", "all_reduce", "--deadline", "100",
+                               "--json", str(out_json), *extra], cwd=ROOT,
+                              env=dict(ENV, MCCL_DEBUG="INFO", MCCL_DEBUG_SUBSYS="INIT", **dict(env)),
+                              capture_output=True, text=True, timeout=140)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        data = json.loads(out_json.read_text())
+        assert all(r["wrong"] == 0 and "error" not in r for r in data["results"]), data["results"]
+        return proc, data["meta"]
+
+    proc, meta = bench(tmp_path / "a.json", "--goodput", "measure", "--goodput-seconds", "2")
+    mapping = cluster.format_rank_hosts(spec, hosts)
+    assert "mccl.cluster: rank order shuffle:1: " + mapping in proc.stderr, proc.stderr
+    assert "# ranks: rank order shuffle:1: " + mapping in proc.stdout, proc.stdout
+    assert meta["placement"] == {"rank_order": "shuffle:1", "hosts": hosts, "switches": [1, 0, 1, 0]}, meta
+    assert meta["cluster"]["switches"] == 2 and meta["cluster"]["uplink_rate"] == "50mbit", meta
+    intra, up = meta["goodput"], meta["goodput_uplink"]
+    assert "host 1 -> host 0," in intra["how"] and "host 2 -> host 0 (switch 1 -> switch 0" in up["how"], (intra, up)
+    assert 0.02e9 < up["bits_per_s"] <= 0.055e9 < 0.1e9 < intra["bits_per_s"] <= 0.205e9, (intra, up)
+    assert "# goodput across an uplink: " in proc.stdout and "# goodput h2 -> h0 (switch 1 -> switch 0" in proc.stdout
+    # Subnet groups: every rank in its switch's /24, 2 groups, rings keep each switch's ranks together.
+    assert proc.stdout.count("(from the subnet); 2 groups\n") == 4, proc.stdout  # one mccl communicator per rank
+    assert "rings visit the ranks in the order 0 2 1 3" in proc.stdout, proc.stdout
+
+    proc, meta = bench(tmp_path / "b.json", env={"MCCL_TOPOLOGY_GROUP": "all"})
+    assert meta["goodput_uplink"] is None and meta["env"]["MCCL_TOPOLOGY_GROUP"] == "all", meta
+    assert proc.stdout.count("topology group 'all' (from MCCL_TOPOLOGY_GROUP); 1 group\n") == 4, proc.stdout
+    assert "rings visit" not in proc.stdout, proc.stdout  # one group: the ring is rank order, the shuffled one

@@ -52,7 +52,10 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="ranks to start: default 2 on this machine, or one per host with --cluster")
     g.add_argument("--cluster", metavar="ID", type=cluster.id_arg, default=None,
                    help="start the ranks in emulated cluster ID (python -m mccl.cluster up; needs root), "
-                        "rank i in host i")
+                        "rank i in host i unless --rank-order says otherwise")
+    g.add_argument("--rank-order", type=cluster.rank_order_arg, default="in-order",
+                   help="with --cluster: " + cluster.RANK_ORDER_HELP + " (mccl.cluster's own placement; recorded "
+                        "in the header and the JSON's meta.placement)")
     g.add_argument("--deadline", type=_cli.number_at_least(0, what="number of seconds"), default=3600.0,
                    help="seconds after which every rank is killed and the run fails (0: no deadline)")
     p.add_argument("--backends", default="mccl,gloo",
@@ -95,7 +98,8 @@ def relaunch(argv: list[str], args, world_size: int | None = None, extra_env: di
     cmd = [sys.executable, "-m", "mccl.bench", *argv]
     try:
         spec, nproc = driver_spec(args)  # the cluster may not be up: a one-line error
-        return cluster.launch(cmd, world_size or nproc, spec=spec, timeout=args.deadline, extra_env=extra_env)
+        return cluster.launch(cmd, world_size or nproc, spec=spec, timeout=args.deadline, extra_env=extra_env,
+                              rank_order=getattr(args, "rank_order", "in-order"))
     except cluster.ClusterError as exc:
         print(f"mccl.bench: error: {exc}", file=sys.stderr)
         return 2
@@ -420,11 +424,8 @@ def goodput_arg(text: str) -> str:
 def resolve_goodput(args, groups: Groups) -> dict | None:
     """The goodput of this run (same on every rank), or None: given, measured by the driver with
     the cluster tool (passed in MCCL_BENCH_GOODPUT/_HOW), or measured here by ranks 0 and 1."""
-    how = os.environ.get("MCCL_BENCH_GOODPUT_HOW")
-    if args.goodput == "measure" and how:
-        cpu = [float(x) for x in os.environ.get("MCCL_BENCH_GOODPUT_CPU", "").split(",") if x]
-        return {"bits_per_s": cluster.parse_rate(os.environ["MCCL_BENCH_GOODPUT"]), "tool": "mccl.cluster", "how": how,
-                **(dict(zip(("sender_cpu_pct", "receiver_cpu_pct"), cpu)) if len(cpu) == 2 else {})}
+    if args.goodput == "measure" and (gp := _goodput_from_env("MCCL_BENCH_GOODPUT")):
+        return gp
     gp = parse_goodput(args.goodput)
     if gp and gp.get("measure"):
         gp = measure_goodput_in_run(groups, args.goodput_seconds, args.goodput_tool)
@@ -445,18 +446,79 @@ def add_goodput_args(p: argparse.ArgumentParser) -> None:
 
 def driver_goodput_env(args) -> dict[str, str]:
     """Driver mode with --cluster --goodput measure: measure with the cluster tool before launching
-    and hand the value to the ranks (MCCL_BENCH_GOODPUT plus how it was measured)."""
+    and hand the value to the ranks (MCCL_BENCH_GOODPUT plus how it was measured). With several
+    switches, also across an uplink (the pair ``mccl.cluster goodput --across-switches`` takes:
+    the first host of switch 1 -> host 0), handed over as MCCL_BENCH_GOODPUT_UPLINK[_HOW,_CPU]; when
+    host 1 already sits on another switch than host 0, that one measurement is both."""
     if not (args.cluster and args.goodput == "measure"):
         return {}
     spec, _ = driver_spec(args)
-    gp = cluster.measure_goodput(spec, 0, 1, args.goodput_seconds, args.goodput_tool)
-    print(f"# goodput h1 -> h0 (cluster tool, {gp['tool']}): {cluster.format_goodput(gp)}", flush=True)
-    env = {"MCCL_BENCH_GOODPUT": f"{gp['bits_per_s']:.0f}bit",
-           "MCCL_BENCH_GOODPUT_HOW": f"measured in this run by mccl.cluster, host 1 -> host 0, one TCP stream, "
-                                     f"{args.goodput_seconds:g} s, {gp['tool']}"}
-    if cpu := cluster.stream_cpu(gp):
-        env["MCCL_BENCH_GOODPUT_CPU"] = f"{cpu[0]:.2f},{cpu[1]:.2f}"
+    env: dict[str, str] = {}
+
+    def measure(server: int, client: int, key: str) -> None:
+        gp = cluster.measure_goodput(spec, server, client, args.goodput_seconds, args.goodput_tool)
+        where = (f" (switch {spec.switch_of(client)} -> switch {spec.switch_of(server)}, through the uplinks at "
+                 f"{spec.uplink_rate or spec.rate})" if spec.switch_of(client) != spec.switch_of(server) else "")
+        print(f"# goodput h{client} -> h{server}{where} (cluster tool, {gp['tool']}): {cluster.format_goodput(gp)}",
+              flush=True)
+        env[key] = f"{gp['bits_per_s']:.0f}bit"
+        env[key + "_HOW"] = (f"measured in this run by mccl.cluster, host {client} -> host {server}{where}, one TCP "
+                             f"stream, {args.goodput_seconds:g} s, {gp['tool']}")
+        if cpu := cluster.stream_cpu(gp):
+            env[key + "_CPU"] = f"{cpu[0]:.2f},{cpu[1]:.2f}"
+
+    measure(0, 1, "MCCL_BENCH_GOODPUT")
+    if spec.switches > 1:
+        server, client = cluster.across_switches_pair(spec)
+        if (server, client) == (0, 1):  # host 1 is on switch 1: that stream crossed already
+            env.update({k.replace("MCCL_BENCH_GOODPUT", "MCCL_BENCH_GOODPUT_UPLINK"): v for k, v in list(env.items())})
+        else:
+            measure(server, client, "MCCL_BENCH_GOODPUT_UPLINK")
     return env
+
+
+def _goodput_from_env(key: str) -> dict | None:
+    """A goodput the driver measured and handed over in ``key``, ``key``_HOW and ``key``_CPU."""
+    how = os.environ.get(key + "_HOW")
+    if not how or not os.environ.get(key):
+        return None
+    cpu = [float(x) for x in os.environ.get(key + "_CPU", "").split(",") if x]
+    return {"bits_per_s": cluster.parse_rate(os.environ[key]), "tool": "mccl.cluster", "how": how,
+            **(dict(zip(("sender_cpu_pct", "receiver_cpu_pct"), cpu)) if len(cpu) == 2 else {})}
+
+
+def uplink_goodput() -> dict | None:
+    """The goodput across an uplink that the driver measured (several switches, --goodput
+    measure), or None; the %goodput columns stay against the host link's goodput."""
+    return _goodput_from_env("MCCL_BENCH_GOODPUT_UPLINK")
+
+
+def placement(groups: Groups) -> dict | None:
+    """Where the ranks ran, from every rank's MCCL_CLUSTER_HOST/_SWITCH and the launcher's
+    MCCL_CLUSTER_RANK_ORDER (mccl.cluster sets them, whether ``mccl.cluster run`` or ``mccl.bench
+    --cluster`` launched): ``{"rank_order", "hosts", "switches"}`` (index: rank), or None when the
+    ranks are not in an emulated cluster. Gathered over the control group: every rank calls it."""
+    mine = (os.environ.get("MCCL_CLUSTER_HOST"), os.environ.get("MCCL_CLUSTER_SWITCH"))
+    every = gather_objects(mine, groups)
+    if any(h is None for h, _ in every):
+        return None
+    return {"rank_order": os.environ.get("MCCL_CLUSTER_RANK_ORDER", "in-order"),
+            "hosts": [int(h) for h, _ in every], "switches": [int(k) if k is not None else 0 for _, k in every]}
+
+
+def placement_line(meta: dict) -> str | None:
+    """One header line saying where the ranks ran (from :func:`placement`), or None."""
+    pl = meta.get("placement")
+    if not pl:
+        return None
+    several = len(set(pl["switches"])) > 1 or (meta.get("cluster") or {}).get("switches", 1) > 1
+    return (f"# ranks: rank order {pl['rank_order']}: "
+            + cluster.format_placement(pl["hosts"], pl["switches"] if several else None))
+
+
+def uplink_goodput_line(meta: dict) -> str | None:
+    gp = meta.get("goodput_uplink")
+    return f"# goodput across an uplink: {cluster.format_goodput(gp)}, {gp['how']}" if gp else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +538,11 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("MCCL_", "GLOO_", "OMP_NUM")) and not k.startswith("MCCL_BENCH_")},
         "cpu_source": cpu_source_note(backends),
+        "placement": placement(groups),
+        "goodput_uplink": uplink_goodput(),
     }
+    if spec := _cluster_layout():
+        meta["cluster"] = spec
     if "mccl" in backends:
         import mccl
 
@@ -485,6 +551,19 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
         meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      timeout=5, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     return meta
+
+
+def _cluster_layout() -> dict | None:
+    """The emulated cluster's layout (id, rates, switches), from its state file, or None."""
+    cid = os.environ.get("MCCL_CLUSTER_ID")
+    if not cid:
+        return None
+    try:
+        spec = cluster.load_spec(cid)
+    except Exception:  # the state file is root's; a rank that cannot read it records nothing
+        return None
+    return {"id": spec.id, "hosts": spec.hosts, "rate": spec.rate, "switches": spec.switches,
+            "hosts_per_switch": spec.hosts_per_switch, "uplink_rate": spec.uplink_rate or None}
 
 
 def write_json(path: str, data: dict) -> None:
