@@ -394,8 +394,12 @@ static int readAhead(const mcclConn* c) {
          c->fd >= 0 && !c->dead && mcclParkFits(&c->park, 0);
 }
 
-static int wantRead(const mcclTransport* t, int peer) {
-  return wanted(t, peer) || readAhead(&t->conns[peer]);
+/* The head posted receive of `c` has all its bytes: complete it (the transport's last access). */
+static void recvDone(mcclConn* c) {
+  mcclXfer* x = c->rq_head;
+  x->complete = 1;
+  c->rq_head = x->next;
+  if (c->rq_head == NULL) c->rq_tail = NULL;
 }
 
 /* Reading ahead: look at the next header without taking it, and take it only when it is a
@@ -458,10 +462,7 @@ static mcclResult_t parkDrain(mcclTransport* t, int peer) {
       c->rx_room = c->rx_left;
       break;
     }
-    /* (its arrival is in the trace already: a "park" span on this link's track) */
-    x->complete = 1;
-    c->rq_head = x->next;
-    if (c->rq_head == NULL) c->rq_tail = NULL;
+    recvDone(c); /* (its arrival is in the trace already: a "park" span on this link's track) */
   }
   if (popped) c->ahead_stop = 0;
   return mcclSuccess;
@@ -525,11 +526,13 @@ static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   char sink[4096];
-  while (wantRead(t, peer)) {
+  for (;;) {
+    int need = wanted(t, peer); /* else only reading ahead, into the park */
+    if (!need && !readAhead(c)) break;
     const mcclFrame* what = c->rq_head ? &c->rq_head->frame : (c->rx_mode != MCCL_RX_HEADER ? &c->rx_frame : NULL);
     int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     ssize_t n = 0;
-    if (c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !wanted(t, peer)) {
+    if (c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !need) {
       if (!aheadHeader(c)) return mcclSuccess;
       n = MCCL_FRAME_BYTES;
     } else if (c->rx_mode == MCCL_RX_HEADER) {
@@ -600,11 +603,8 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     }
     if (c->rx_left > 0) continue;
     if (c->rx_mode == MCCL_RX_COLL) {
-      mcclXfer* x = c->rq_head;
-      if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, x);
-      x->complete = 1;
-      c->rq_head = x->next;
-      if (c->rq_head == NULL) c->rq_tail = NULL;
+      if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, c->rq_head);
+      recvDone(c);
     } else if (c->rx_mode == MCCL_RX_P2P) {
       t->p2p.landed(t->p2p.ctx, peer, &c->rx_frame);
     } else if (c->rx_mode == MCCL_RX_ABORT) {
