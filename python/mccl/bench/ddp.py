@@ -439,9 +439,8 @@ def main(args) -> int:
               + (f" (manual: {len(manual.buckets)})" if manual else "") + f"; {args.threads} thread(s) per rank",
               flush=True)
         print(runtime.device_line(meta), flush=True)
-        for line in (runtime.placement_line(meta), runtime.uplink_goodput_line(meta)):
-            if line:
-                print(line, flush=True)
+        for line in runtime.cluster_lines(meta):
+            print(line, flush=True)
         print(f"# variants {', '.join(names)}: {args.warmup_steps} warm-up + {args.steps} timed steps each, "
               f"alternating; load average {meta['loadavg_start'][0]:.2f}", flush=True)
 

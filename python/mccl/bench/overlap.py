@@ -213,9 +213,8 @@ def main(args) -> int:
         where = ("in host memory, each copied there from the GPU before its all-reduce (--stage-to-cpu)" if step.staged
                  else f"on {dev.type}, all-reduced there" if step.on_device else "in host memory")
         print(f"# buckets {where}", flush=True)
-        for line in (runtime.placement_line(meta), runtime.uplink_goodput_line(meta)):
-            if line:
-                print(line, flush=True)
+        for line in runtime.cluster_lines(meta):
+            print(line, flush=True)
         if dev.type != "cpu":
             print(runtime.device_line(meta), flush=True)
     results = {}

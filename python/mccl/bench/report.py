@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import cluster
-from .runtime import device_line, placement_line, uplink_goodput_line
+from .runtime import cluster_lines, device_line
 
 
 def console() -> Console:
@@ -30,7 +30,7 @@ def print_header(meta: dict, args) -> None:
              "# goodput: " + (f"{cluster.format_goodput(gp)}, {gp['how']}" if gp else
                               "not measured: one rank has no link to another" if getattr(args, "goodput", None) == "measure"
                               and meta["world_size"] < 2 else "not given (--goodput measure|RATE): no %goodput column")]
-    lines += [line for line in (uplink_goodput_line(meta), placement_line(meta)) if line]
+    lines += cluster_lines(meta)
     lines.append(device_line(meta))
     if meta["env"]:
         lines.append("# env: " + " ".join(f"{k}={v}" for k, v in sorted(meta["env"].items())))

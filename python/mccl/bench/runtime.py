@@ -521,6 +521,12 @@ def uplink_goodput_line(meta: dict) -> str | None:
     return f"# goodput across an uplink: {cluster.format_goodput(gp)}, {gp['how']}" if gp else None
 
 
+def cluster_lines(meta: dict) -> list[str]:
+    """The header lines about the emulated cluster, for every benchmark's header: the goodput
+    across an uplink and where the ranks ran (each only when known)."""
+    return [line for line in (uplink_goodput_line(meta), placement_line(meta)) if line]
+
+
 # ---------------------------------------------------------------------------------------------
 # Metadata
 # ---------------------------------------------------------------------------------------------
