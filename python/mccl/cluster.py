@@ -370,6 +370,10 @@ class ClusterSpec:
             return self.burst
         return f"{max(64 * 1024, int((self.rate_bits if bits is None else bits) / 8 / 1000))}b"
 
+    def tbf_args(self, bits: float | None = None) -> list[str]:
+        """The tbf qdisc for a link at ``bits`` (default the host links' rate), as tc's arguments."""
+        return ["tbf", "rate", self.tc_rate(bits), "burst", self.tc_burst(bits), "latency", self.latency]
+
     def path_rate(self, a: int, b: int) -> float:
         """The lowest link rate on the path between hosts a and b (bits/s): the host links', and
         the uplinks' too when they are on different switches."""
@@ -436,14 +440,13 @@ def up(spec: ClusterSpec, iproute_dir: str | None = None, verbose: bool = False,
             os.makedirs(STATE_DIR, exist_ok=True)
             # The state file is written first: a crash part way leaves something `down` can read.
             _write_state(spec)
-            tbf = ["tbf", "rate", spec.tc_rate(), "burst", spec.tc_burst(), "latency", spec.latency]
+            tbf = spec.tbf_args()
             for k in range(spec.switches):
                 sh.ip_("link", "add", spec.switch_bridge(k), "type", "bridge")
             if spec.core_bridge:
                 # A star: every switch's bridge has one uplink to the core bridge (no L2 loop),
                 # shaped at the uplink rate on both ends, so each direction is limited.
-                up_tbf = ["tbf", "rate", spec.tc_rate(spec.uplink_bits), "burst", spec.tc_burst(spec.uplink_bits),
-                          "latency", spec.latency]
+                up_tbf = spec.tbf_args(spec.uplink_bits)
                 sh.ip_("link", "add", spec.core_bridge, "type", "bridge")
                 for k in range(spec.switches):
                     sw_end, core_end = spec.uplink(k)
