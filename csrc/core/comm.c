@@ -12,9 +12,17 @@
  *                  (joinGroup). "!<reason>" where a rank that found such a conflict poisoned a
  *                  slot nobody had taken yet, so that whoever waits on it fails with the reason
  *   g<gen>/token   16 random bytes from rank 0: the job token every handshake must carry
- *   g<gen>/host/<r> rank r's host description (core/host.h): machine, network namespace, CPUs;
- *                  written before its address, so a rank that read the address can read it
- *   g<gen>/addr/<r> rank r's listening address, "host:port" or "[v6]:port"
+ *   g<gen>/rank/<r> rank r's record (rankRecord below): its listening address ("host:port" or
+ *                  "[v6]:port"), topology group and host description (core/host.h: machine,
+ *                  network namespace, CPUs), fixed-width fields, NUL-padded; or '!' and the
+ *                  reason where rank r failed before it could listen (initPublishFailure)
+ *   g<gen>/ranks   the table: every rank's record in rank order, written by rank 0 once it has
+ *                  read them all; or '!' and the reason why rank 0 could not (gatherRecords)
+ *   g<gen>/addr/<r> rank r's listening address alone, for people and tools (init never reads it)
+ *
+ * Store reads per rank at init: the n - 1 join records, then rank 0 reads the n - 1 rank records
+ * and every other rank reads 2 keys (the token and the table), so the job makes about n^2 + 2n
+ * reads rather than the 4n^2 it made when every rank read every rank's address, host and group.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -276,7 +284,7 @@ static void commFree(struct mcclComm* comm) {
  * instead of leaving them to time out on "still missing rank r". Under <prefix>/:
  *   initfail/why  the reason, naming the rank, written first;
  *   initfail      counter, incremented after it (mcclTransportInit's watch polls it);
- *   addr/<r>      if rank r had not published its address yet: '!' and the reason.
+ *   rank/<r>      if rank r had not published its record yet: '!' and the reason.
  * Only failures of this rank's own (not timeouts, not another rank's failure) are published. */
 typedef struct {
   const mcclStore_t* store;
@@ -322,47 +330,122 @@ static void initPublishFailure(const mcclStore_t* store, const char* prefix, int
   if (!addr_published) {
     char marked[sizeof(text) + 1];
     snprintf(marked, sizeof(marked), "!%s", text);
-    snprintf(key, sizeof(key), "%s/addr/%d", prefix, rank);
+    snprintf(key, sizeof(key), "%s/rank/%d", prefix, rank);
     store->set(store->ctx, key, marked, strlen(marked));
+    if (rank == 0) { /* the others wait on rank 0's table, not on its record */
+      snprintf(key, sizeof(key), "%s/ranks", prefix);
+      store->set(store->ctx, key, marked, strlen(marked));
+    }
   }
 }
 
-/* Rank r's host description (core/host.h) into `out`, as the store holds it (this rank's own
- * too: every rank then judges the same values). */
-static mcclResult_t readHost(const mcclStore_t* store, const char* prefix, int r, char out[MCCL_HOST_STRLEN],
-                             int64_t deadline) {
-  char key[256], what[64];
+/* ---------------------------------------------------------------------------------------------
+ * Every rank's address, group and host, through one table.
+ *
+ * Each rank publishes one record; rank 0 reads the others' (n - 1 reads) and publishes them all
+ * as one value, the table, which every other rank reads once. Every rank then judges the same
+ * bytes (its own record too, as the table holds it). A rank that failed before it could listen
+ * left '!' and its reason as its record: rank 0 passes the reason on as the table ('!' and a
+ * text), so that every rank fails with it. Rank 0 gives up a little before the others' deadline
+ * (a tenth of the timeout, at most 2 s), so that its reason, a rank that never published,
+ * reaches them while they still wait.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  char addr[MCCL_ADDR_STRLEN];
+  char group[MCCL_GROUP_STRLEN];
+  char host[MCCL_HOST_STRLEN];
+} rankRecord; /* chars only: no padding, the same bytes on every platform */
+
+static void recordTerminate(rankRecord* rec) {
+  rec->addr[MCCL_ADDR_STRLEN - 1] = rec->group[MCCL_GROUP_STRLEN - 1] = rec->host[MCCL_HOST_STRLEN - 1] = '\0';
+}
+
+/* Fill recs[0..n-1] (this rank's own, recs[rank], already filled and published). The thread's
+ * error names what failed: a rank that failed (mcclRemoteError), the deadline, or the store. */
+static mcclResult_t gatherRecords(const struct mcclComm* comm, const mcclStore_t* store, const char* prefix,
+                                  rankRecord* recs, int64_t deadline) {
+  const int n = comm->nranks;
+  const size_t table_len = (size_t)n * sizeof(rankRecord);
+  char key[256], what[128], text[900];
   size_t len = 0;
-  snprintf(key, sizeof(key), "%s/host/%d", prefix, r);
-  snprintf(what, sizeof(what), "rank %d's host description", r);
-  mcclResult_t res = storeGet(store, key, out, MCCL_HOST_STRLEN - 1, &len, deadline, what);
-  out[res == mcclSuccess && len < MCCL_HOST_STRLEN ? len : 0] = '\0';
+  mcclResult_t res = mcclSuccess;
+  if (comm->rank != 0) {
+    char* buf = malloc(table_len > sizeof(text) ? table_len : sizeof(text));
+    if (buf == NULL) {
+      mcclSetThreadError("mcclCommInitConfig: out of memory for the table of %d ranks", n);
+      return mcclSystemError;
+    }
+    snprintf(key, sizeof(key), "%s/ranks", prefix);
+    res = storeGet(store, key, buf, table_len > sizeof(text) ? table_len : sizeof(text), &len, deadline,
+                   "rank 0's table of every rank's address (written once rank 0 has read them all)");
+    if (res == mcclSuccess && len > 0 && buf[0] == '!') {
+      snprintf(text, sizeof(text), "%.*s", (int)(len - 1 < sizeof(text) - 1 ? len - 1 : sizeof(text) - 1), buf + 1);
+      char why[1000];
+      initFailureText(comm->rank, text, why, sizeof(why));
+      mcclSetThreadError("mcclCommInitConfig: %s", why);
+      res = mcclRemoteError;
+    } else if (res == mcclSuccess && len != table_len) {
+      mcclSetThreadError("mcclCommInitConfig: store key '%s' holds %zu bytes, not the table of %d ranks (%zu bytes)",
+                         key, len, n, table_len);
+      res = mcclProtocolError;
+    } else if (res == mcclSuccess) {
+      memcpy(recs, buf, table_len);
+      for (int r = 0; r < n; r++) recordTerminate(&recs[r]);
+    }
+    free(buf);
+    return res;
+  }
+  const int64_t now = mcclNowNs(), margin = (deadline - now) / 10 < 2000000000LL ? (deadline - now) / 10 : 2000000000LL;
+  char passon[sizeof(text) + 16] = ""; /* what the table says when this fails */
+  for (int r = 1; r < n && res == mcclSuccess; r++) {
+    char buf[sizeof(rankRecord) > sizeof(text) ? sizeof(rankRecord) : sizeof(text)];
+    snprintf(key, sizeof(key), "%s/rank/%d", prefix, r);
+    snprintf(what, sizeof(what), "rank %d's address", r);
+    res = storeGet(store, key, buf, sizeof(buf), &len, deadline - margin, what);
+    if (res == mcclSuccess && len > 0 && buf[0] == '!') { /* that rank failed before it could listen */
+      snprintf(text, sizeof(text), "%.*s", (int)(len - 1 < sizeof(text) - 1 ? len - 1 : sizeof(text) - 1), buf + 1);
+      char why[1000];
+      initFailureText(comm->rank, text, why, sizeof(why));
+      mcclSetThreadError("mcclCommInitConfig: %s", why);
+      snprintf(passon, sizeof(passon), "!%s", text); /* the failed rank's own words */
+      res = mcclRemoteError;
+    } else if (res == mcclSuccess && len != sizeof(rankRecord)) {
+      mcclSetThreadError("mcclCommInitConfig: store key '%s' holds %zu bytes, not a rank's record (%zu bytes): "
+                         "another program uses this group's keys", key, len, sizeof(rankRecord));
+      res = mcclProtocolError;
+    } else if (res == mcclSuccess) {
+      memcpy(&recs[r], buf, sizeof(rankRecord));
+      recordTerminate(&recs[r]);
+    }
+  }
+  snprintf(key, sizeof(key), "%s/ranks", prefix);
+  if (res == mcclSuccess) return storeSet(store, key, recs, table_len, "the table of every rank's address");
+  /* Passed on to the others as the table; best effort (the store may be what failed). */
+  if (passon[0] == '\0') {
+    static const char lead[] = "mcclCommInitConfig: ";
+    const char* msg = mcclThreadError();
+    if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
+    snprintf(passon, sizeof(passon), "!rank 0: %s", msg);
+  }
+  store->set(store->ctx, key, passon, strlen(passon));
   return res;
 }
 
-/* The ring order (core/topology.h) from every rank's published group (this rank's own too, as
- * the store holds it, so that every rank computes the same order). */
-static mcclResult_t ringOrder(struct mcclComm* comm, const mcclStore_t* store, const char* prefix, const char* group,
-                              const char* why, int64_t deadline) {
+/* The ring order (core/topology.h) from every rank's group as the table holds it (this rank's
+ * own too, so that every rank computes the same order). */
+static mcclResult_t ringOrder(struct mcclComm* comm, const rankRecord* recs, const char* why) {
   const int n = comm->nranks;
   const size_t nn = (size_t)(n > 0 ? n : 1);
-  char(*groups)[MCCL_GROUP_STRLEN] = calloc(nn, MCCL_GROUP_STRLEN);
   const char** names = calloc(nn, sizeof(*names));
   int* order = malloc(sizeof(int) * nn * 2);
+  const char* group = recs[comm->rank].group;
   mcclResult_t res = mcclSuccess;
-  if (groups == NULL || names == NULL || order == NULL) {
+  if (names == NULL || order == NULL) {
     mcclSetThreadError("mcclCommInitConfig: out of memory for the ring order of %d ranks", n);
     res = mcclSystemError;
   }
-  for (int r = 0; r < n && res == mcclSuccess; r++) {
-    char key[256], what[64];
-    size_t len = 0;
-    snprintf(key, sizeof(key), "%s/group/%d", prefix, r);
-    snprintf(what, sizeof(what), "rank %d's topology group", r);
-    res = storeGet(store, key, groups[r], MCCL_GROUP_STRLEN - 1, &len, deadline, what);
-    groups[r][res == mcclSuccess && len < MCCL_GROUP_STRLEN ? len : 0] = '\0';
-    names[r] = groups[r];
-  }
+  for (int r = 0; r < n && res == mcclSuccess; r++) names[r] = recs[r].group;
   if (res == mcclSuccess) {
     int ngroups = mcclTopologyRingOrder(n, names, order, order + n);
     int identity = 1;
@@ -389,7 +472,6 @@ static mcclResult_t ringOrder(struct mcclComm* comm, const mcclStore_t* store, c
   }
   free(order);
   free(names);
-  free(groups);
   return res;
 }
 
@@ -589,8 +671,9 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   int listen_fd = -1;
   int publish_failure = 0, addr_published = 0; /* see initPublishFailure */
   char (*addrs)[MCCL_ADDR_STRLEN] = calloc((size_t)comm->nranks, MCCL_ADDR_STRLEN);
+  rankRecord* recs = calloc((size_t)comm->nranks, sizeof(rankRecord));
   char key[256], prefix[200];
-  if (addrs == NULL) {
+  if (addrs == NULL || recs == NULL) {
     mcclSetThreadError("mcclCommInitConfig: out of memory");
     res = mcclSystemError;
     goto fail;
@@ -635,40 +718,24 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     mcclSockaddrFormat(&local, addrs[comm->rank], MCCL_ADDR_STRLEN);
     INFO(MCCL_SUB_INIT, "rank %d/%d of '%s' generation %llu listening on %s (%s)", comm->rank,
          comm->nranks, comm->label, (unsigned long long)comm->generation, addrs[comm->rank], ifname);
-    char host[MCCL_HOST_STRLEN], other[MCCL_HOST_STRLEN];
-    mcclHostDescribe(host, sizeof(host));
-    snprintf(key, sizeof(key), "%s/host/%d", prefix, comm->rank); /* before addr: read after it */
-    MCCLCHECKGOTO(storeSet(store, key, host, strlen(host), "this rank's host description"), res, fail);
-    char group[MCCL_GROUP_STRLEN], group_why[400];
+    rankRecord* self = &recs[comm->rank];
+    snprintf(self->addr, sizeof(self->addr), "%s", addrs[comm->rank]);
+    mcclHostDescribe(self->host, sizeof(self->host));
+    char group_why[400];
     mcclTopologyGroup(addrs[comm->rank], NULL, mcclParamString("MCCL_TOPOLOGY_GROUP"), mcclParamString("MCCL_TOPOLOGY"),
-                      group, group_why, sizeof(group_why));
-    snprintf(key, sizeof(key), "%s/group/%d", prefix, comm->rank); /* before addr: read after it */
-    MCCLCHECKGOTO(storeSet(store, key, group, strlen(group), "this rank's topology group"), res, fail);
+                      self->group, group_why, sizeof(group_why));
     snprintf(key, sizeof(key), "%s/addr/%d", prefix, comm->rank);
     MCCLCHECKGOTO(storeSet(store, key, addrs[comm->rank], strlen(addrs[comm->rank]), "this rank's address"), res,
                   fail);
+    snprintf(key, sizeof(key), "%s/rank/%d", prefix, comm->rank);
+    MCCLCHECKGOTO(storeSet(store, key, self, sizeof(*self), "this rank's record"), res, fail);
     addr_published = 1;
-    for (int r = 0; r < comm->nranks; r++) {
-      if (r == comm->rank) continue;
-      char what[64], text[800];
-      size_t len = 0;
-      snprintf(key, sizeof(key), "%s/addr/%d", prefix, r);
-      snprintf(what, sizeof(what), "rank %d's address", r);
-      MCCLCHECKGOTO(storeGet(store, key, text, sizeof(text) - 1, &len, deadline, what), res, fail);
-      text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
-      if (text[0] == '!') { /* that rank failed before it could listen (initPublishFailure) */
-        char why[900];
-        initFailureText(comm->rank, text + 1, why, sizeof(why));
-        mcclSetThreadError("mcclCommInitConfig: %s", why);
-        res = mcclRemoteError;
-        goto fail;
-      }
-      snprintf(addrs[r], MCCL_ADDR_STRLEN, "%s", text);
-    }
+    MCCLCHECKGOTO(gatherRecords(comm, store, prefix, recs, deadline), res, fail);
+    for (int r = 0; r < comm->nranks; r++) snprintf(addrs[r], MCCL_ADDR_STRLEN, "%s", recs[r].addr);
     /* A loopback address is reachable from its own host (and network namespace) only: if a rank
      * published one and a rank elsewhere must dial it, the job would wait out its timeout on
-     * "connection refused". Every rank sees the same addresses and hosts, so every rank fails
-     * here at once. The same descriptions tell which ranks share this rank's CPUs. */
+     * "connection refused". Every rank sees the same table, so every rank fails here at once.
+     * The same descriptions tell which ranks share this rank's CPUs. */
     int lo = -1;
     for (int r = 0; r < comm->nranks && lo < 0; r++) {
       mcclSockaddr a;
@@ -677,16 +744,11 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
                                              : IN6_IS_ADDR_LOOPBACK(&a.sin6.sin6_addr);
       if (is_lo) lo = r;
     }
-    char lo_host[MCCL_HOST_STRLEN] = "";
-    if (lo >= 0) MCCLCHECKGOTO(readHost(store, prefix, lo, lo_host, deadline), res, fail);
     mcclCpuShare share;
-    mcclCpuShareInit(&share, host);
+    mcclCpuShareInit(&share, recs[comm->rank].host);
     for (int r = 0; r < comm->nranks; r++) {
-      const char* desc = other;
-      if (r == lo) desc = lo_host; /* read once, above */
-      else MCCLCHECKGOTO(readHost(store, prefix, r, other, deadline), res, fail);
-      if (r != comm->rank) mcclCpuShareAdd(&share, desc);
-      if (lo >= 0 && !mcclHostSameLoopback(desc, lo_host)) {
+      if (r != comm->rank) mcclCpuShareAdd(&share, recs[r].host);
+      if (lo >= 0 && !mcclHostSameLoopback(recs[r].host, recs[lo].host)) {
         mcclSetThreadError("mcclCommInitConfig: rank %d published the loopback address %s, but rank %d "
                            "(%s) runs on another host or network namespace and cannot reach it. "
                            "Rank %d's MASTER_ADDR (or MCCL_SOCKET_IFNAME) led it to loopback: give "
@@ -696,7 +758,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
         goto fail;
       }
     }
-    MCCLCHECKGOTO(ringOrder(comm, store, prefix, group, group_why, deadline), res, fail);
+    MCCLCHECKGOTO(ringOrder(comm, recs, group_why), res, fail);
     initWatchCtx watch_ctx = {store, prefix, comm->rank};
     mcclTransportWatch watch = {&watch_ctx, initPeerFailed};
     res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, &watch, deadline);
@@ -747,6 +809,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->engine_started = 1;
   mcclThreadSetNameOf(comm->engine, "mccl-engine");
   free(addrs);
+  free(recs);
   liveAdd(comm);
   *out = comm;
   return mcclSuccess;
@@ -757,6 +820,7 @@ fail:
                        mcclThreadError());
   if (listen_fd >= 0) close(listen_fd);
   free(addrs);
+  free(recs);
   WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, comm->label,
        mcclThreadError());
   commFree(comm);

@@ -265,9 +265,11 @@ def _collectives_exact(rank: int, world_size: int) -> dict:
 
 
 class _HoldBeforeDialling(dist.Store):
-    """A store whose first read of ``key`` (rank 0's address) waits for "test/go"."""
+    """A store whose first read of ``key`` (the table of every rank's address that rank 0 writes,
+    csrc/core/comm.c; a rank other than 0 reads it once, after it publishes its own address and
+    before it dials anyone) waits for "test/go"."""
 
-    def __init__(self, base, key="mccl/pg/g1/addr/0"):
+    def __init__(self, base, key="mccl/pg/g1/ranks"):
         super().__init__()
         self.base, self.key, self.held = base, key, False
 
@@ -375,7 +377,7 @@ def _init_once_held(rank: int, world_size: int) -> dict:
 
     store = raw_store()
     # The same hold as above, for generation 0.
-    hold = _HoldBeforeDialling(store, "mccl/pg/g0/addr/0") if rank == world_size - 1 else store
+    hold = _HoldBeforeDialling(store, "mccl/pg/g0/ranks") if rank == world_size - 1 else store
     dist.init_process_group("mccl", store=hold, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=FLOOD_TIMEOUT_S))
     notify("initialised")

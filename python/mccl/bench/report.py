@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import cluster
-from .runtime import cluster_lines, device_line
+from .runtime import cluster_lines, device_line, init_line
 
 
 def console() -> Console:
@@ -31,6 +31,8 @@ def print_header(meta: dict, args) -> None:
                               "not measured: one rank has no link to another" if getattr(args, "goodput", None) == "measure"
                               and meta["world_size"] < 2 else "not given (--goodput measure|RATE): no %goodput column")]
     lines += cluster_lines(meta)
+    if init := init_line(meta):
+        lines.append(init)
     lines.append(device_line(meta))
     if meta["env"]:
         lines.append("# env: " + " ".join(f"{k}={v}" for k, v in sorted(meta["env"].items())))

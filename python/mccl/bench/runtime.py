@@ -114,6 +114,11 @@ class Groups:
     world: int
     control: object
     by_backend: dict
+    #: per backend, what creating its group cost this rank: ``seconds`` (wall time of
+    #: ``dist.new_group``, which returns once the backend's communicator is up, so it includes
+    #: waiting for the slowest rank) and ``descriptors`` (open file descriptors it added, from
+    #: psutil's ``num_fds``: /proc/self/fd on Linux; its sockets and anything else it keeps open)
+    init: dict
 
 
 def init_groups(backends: list[str], timeout_s: float) -> Groups:
@@ -123,8 +128,41 @@ def init_groups(backends: list[str], timeout_s: float) -> Groups:
         import mccl  # noqa: F401  (registers the backend)
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group("gloo", timeout=timeout)
-    groups = {b: dist.new_group(backend=b, timeout=timeout) for b in backends}
-    return Groups(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, groups)
+    me = psutil.Process()
+    groups, init = {}, {}
+    for b in backends:
+        fds, t0 = me.num_fds(), time.perf_counter()
+        groups[b] = dist.new_group(backend=b, timeout=timeout)
+        init[b] = {"seconds": time.perf_counter() - t0, "descriptors": me.num_fds() - fds}
+    return Groups(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, groups, init)
+
+
+def init_summary(groups: Groups) -> dict:
+    """Every rank's :attr:`Groups.init`, summed up per backend: the slowest and the median rank's
+    seconds, and the fewest and most descriptors a rank's group added (collective: every rank
+    calls it)."""
+    every = gather_objects(groups.init, groups)
+    out = {}
+    for b in groups.init:
+        secs = sorted(r[b]["seconds"] for r in every)
+        fds = [r[b]["descriptors"] for r in every]
+        out[b] = {"seconds_max": secs[-1], "seconds_median": secs[len(secs) // 2],
+                  "descriptors_min": min(fds), "descriptors_max": max(fds)}
+    return out
+
+
+def init_line(meta: dict) -> str | None:
+    """``# init: mccl 0.41 s (slowest rank; median 0.40), 7 descriptors per rank; gloo ...``."""
+    init = meta.get("init")
+    if not init:
+        return None
+    parts = []
+    for b, v in init.items():
+        fds = (f"{v['descriptors_max']}" if v["descriptors_min"] == v["descriptors_max"]
+               else f"{v['descriptors_min']}-{v['descriptors_max']}")
+        parts.append(f"{b} {v['seconds_max']:.2f} s (slowest rank; median {v['seconds_median']:.2f}), "
+                     f"{fds} descriptors per rank")
+    return "# group init: " + "; ".join(parts)
 
 
 def gather_objects(obj, groups: Groups) -> list:
@@ -546,6 +584,7 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
         "cpu_source": cpu_source_note(backends),
         "placement": placement(groups),
         "goodput_uplink": uplink_goodput(),
+        "init": init_summary(groups),
     }
     if spec := _cluster_layout():
         meta["cluster"] = spec

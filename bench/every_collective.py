@@ -1,0 +1,226 @@
+"""Every torch.distributed collective on N ranks of one machine, each result checked exactly.
+
+Issue 18's scale check: ``python bench/every_collective.py --nproc 64 [--json out.json]`` starts
+N ranks over loopback (``mccl.cluster.launch``, under ``--deadline``), and each rank, on a
+"mccl" process group:
+
+- times ``init_process_group`` and counts the descriptors it added (``/proc/self/fd`` on Linux,
+  through psutil) and, of them, the sockets;
+- runs every collective the backend offers (all_reduce with sum/avg/min/max, reduce, broadcast,
+  all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all,
+  all_to_all_single with even and uneven splits, gather, scatter, barrier, send/recv and
+  batch_isend_irecv around the ring, all_gather_object, broadcast_object_list) at ``--count``
+  elements (and 1), on integer-valued float32 and int64 inputs, and compares every result with
+  ``torch.equal`` to a reference computed in float64/int64 from the closed-form inputs of all
+  ranks;
+- sends its verdicts, init time, descriptors and a digest of all its outputs to rank 0 over a
+  separate gloo group; rank 0 checks that the digests of the outputs every rank must share are
+  equal, prints one table and exits 1 if anything was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from datetime import timedelta
+
+
+def _inputs(rank: int, count: int, dtype):
+    import torch
+
+    i = torch.arange(count, dtype=torch.int64)
+    return ((i * 7 + rank * 13) % 11 - 5).to(dtype)  # small integers: sums of 64 stay exact in fp32
+
+
+def _all(n: int, count: int, dtype):
+    import torch
+
+    return torch.stack([_inputs(r, count, dtype) for r in range(n)]).to(
+        torch.float64 if dtype.is_floating_point else torch.int64)
+
+
+def _sockets() -> int:
+    fd_dir = "/proc/self/fd"
+    if not os.path.isdir(fd_dir):
+        return -1
+    n = 0
+    for fd in os.listdir(fd_dir):
+        try:
+            n += os.readlink(os.path.join(fd_dir, fd)).startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def rank_main(args) -> int:
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401  (registers the backend)
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames *_into_tensor; both tested
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=args.pg_timeout)
+    # Rank 0's table and the digests travel on gloo (its own store prefix), not on the group under test.
+    dist.init_process_group("gloo", timeout=timeout)
+    control = dist.group.WORLD
+    me = psutil.Process()
+    fds, socks, t0 = me.num_fds(), _sockets(), time.perf_counter()
+    pg = dist.new_group(backend="mccl", timeout=timeout)
+    init_s = time.perf_counter() - t0
+    added_fds, added_socks = me.num_fds() - fds, _sockets() - socks
+
+    checks: dict[str, bool] = {}
+    shared = hashlib.sha256()  # outputs every rank must hold alike
+
+    def check(name: str, got, want) -> None:
+        checks[name] = bool(torch.equal(got, want.to(got.dtype)))
+
+    for count in sorted({1, args.count}):
+        for dtype in (torch.float32, torch.int64):
+            tag = f"{str(dtype).split('.')[-1]} x{count}"
+            ref = _all(n, count, dtype)
+            mine = _inputs(rank, count, dtype)
+            ops = {"sum": (dist.ReduceOp.SUM, ref.sum(0)), "min": (dist.ReduceOp.MIN, ref.min(0).values),
+                   "max": (dist.ReduceOp.MAX, ref.max(0).values)}
+            if dtype.is_floating_point and n & (n - 1) == 0:  # a power of 2: the mean of integers is exact
+                ops["avg"] = (dist.ReduceOp.AVG, ref.sum(0) / n)
+            for name, (op, want) in ops.items():
+                t = mine.clone()
+                dist.all_reduce(t, op=op, group=pg)
+                check(f"all_reduce {name} {tag}", t, want)
+                shared.update(t.numpy().tobytes())
+            root = 5 % n
+            t = mine.clone()
+            dist.reduce(t, dst=root, group=pg)
+            if rank == root:
+                check(f"reduce {tag}", t, ref.sum(0))
+            t = mine.clone() if rank == 7 % n else torch.zeros_like(mine)
+            dist.broadcast(t, src=7 % n, group=pg)
+            check(f"broadcast {tag}", t, ref[7 % n])
+            parts = [torch.empty_like(mine) for _ in range(n)]
+            dist.all_gather(parts, mine, group=pg)
+            check(f"all_gather {tag}", torch.stack(parts), ref)
+            flat = torch.empty(n * count, dtype=dtype)
+            dist.all_gather_into_tensor(flat, mine, group=pg)
+            check(f"all_gather_into_tensor {tag}", flat, ref.reshape(-1))
+            shared.update(flat.numpy().tobytes())
+            # reduce-scatter: rank r's block j is _inputs(r, n * count)[j*count:(j+1)*count]
+            big_ref = _all(n, n * count, dtype)
+            big = _inputs(rank, n * count, dtype)
+            out = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter_tensor(out, big, group=pg)
+            want_rs = big_ref.sum(0)[rank * count:(rank + 1) * count]
+            check(f"reduce_scatter_tensor {tag}", out, want_rs)
+            out2 = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter(out2, list(big.chunk(n)), group=pg)
+            check(f"reduce_scatter {tag}", out2, want_rs)
+            # all-to-all: rank r's block j goes to rank j, so rank r receives every rank's block r
+            got = torch.empty(n * count, dtype=dtype)
+            dist.all_to_all_single(got, big, group=pg)
+            check(f"all_to_all_single {tag}", got, big_ref[:, rank * count:(rank + 1) * count].reshape(-1))
+            outs = [torch.empty(count, dtype=dtype) for _ in range(n)]
+            dist.all_to_all(outs, list(big.chunk(n)), group=pg)
+            check(f"all_to_all {tag}", torch.cat(outs), big_ref[:, rank * count:(rank + 1) * count].reshape(-1))
+            # uneven: rank r sends (r + j) % 3 elements to rank j (some zero)
+            send_splits = [(rank + j) % 3 for j in range(n)]
+            recv_splits = [(j + rank) % 3 for j in range(n)]
+            src = _inputs(rank, sum(send_splits), dtype)
+            dst = torch.empty(sum(recv_splits), dtype=dtype)
+            dist.all_to_all_single(dst, src, output_split_sizes=recv_splits, input_split_sizes=send_splits, group=pg)
+            want_uneven = []
+            for j in range(n):
+                offs = sum((j + k) % 3 for k in range(rank))
+                want_uneven.append(_inputs(j, sum((j + k) % 3 for k in range(n)), dtype)[offs:offs + recv_splits[j]])
+            check(f"all_to_all_single uneven {tag}", dst, torch.cat(want_uneven))
+            groot = 3 % n
+            glist = [torch.empty_like(mine) for _ in range(n)] if rank == groot else None
+            dist.gather(mine, gather_list=glist, dst=groot, group=pg)
+            if rank == groot:
+                check(f"gather {tag}", torch.stack(glist), ref)
+            sroot = 2 % n
+            recv = torch.empty_like(mine)
+            dist.scatter(recv, scatter_list=list(ref.to(dtype)) if rank == sroot else None, src=sroot, group=pg)
+            check(f"scatter {tag}", recv, ref[rank])
+            # point to point around the ring: even ranks send first, odd ranks receive first
+            nxt, prv = (rank + 1) % n, (rank - 1) % n
+            got = torch.empty_like(mine)
+            if n > 1:
+                if rank % 2 == 0:
+                    dist.send(mine, nxt, group=pg)
+                    dist.recv(got, prv, group=pg)
+                else:
+                    dist.recv(got, prv, group=pg)
+                    dist.send(mine, nxt, group=pg)
+                check(f"send/recv {tag}", got, ref[prv])
+                got2 = torch.empty_like(mine)
+                reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, nxt, group=pg),
+                                               dist.P2POp(dist.irecv, got2, prv, group=pg)])
+                for q in reqs:
+                    q.wait()
+                check(f"batch_isend_irecv {tag}", got2, ref[prv])
+    dist.barrier(group=pg)
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank, "square": rank * rank}, group=pg)
+    checks["all_gather_object"] = objs == [{"rank": r, "square": r * r} for r in range(n)]
+    box = [{"from": 1 % n, "list": list(range(10))}] if rank == 1 % n else [None]
+    dist.broadcast_object_list(box, src=1 % n, group=pg)
+    checks["broadcast_object_list"] = box == [{"from": 1 % n, "list": list(range(10))}]
+
+    every = [None] * n
+    mine_report = {"rank": rank, "init_s": init_s, "descriptors": added_fds, "sockets": added_socks,
+                   "checks": checks, "digest": shared.hexdigest()}
+    dist.all_gather_object(every, mine_report, group=control)
+    dist.destroy_process_group(pg)
+    dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    names = list(dict.fromkeys(name for r in every for name in r["checks"]))  # reduce, gather: their root only
+    failed = {name: [r["rank"] for r in every if r["checks"].get(name) is False] for name in names}
+    checked = sum(len(r["checks"]) for r in every)
+    digests = {r["digest"] for r in every}
+    init = sorted(r["init_s"] for r in every)
+    summary = {"world_size": n, "count": args.count, "kinds": len(names), "checks": checked,
+               "failed": {k: v for k, v in failed.items() if v}, "digests_equal": len(digests) == 1,
+               "init_s_max": init[-1], "init_s_median": init[len(init) // 2],
+               "descriptors": sorted({r["descriptors"] for r in every}),
+               "sockets": sorted({r["sockets"] for r in every}), "cpus": os.cpu_count(),
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    print(f"# every_collective: {n} ranks on {os.cpu_count()} CPUs, --count {args.count}")
+    print(f"# mccl group init: slowest rank {summary['init_s_max']:.2f} s, median {summary['init_s_median']:.2f} s")
+    print(f"# descriptors the mccl group added per rank: {summary['descriptors']} (sockets {summary['sockets']})")
+    for name in names:
+        bad = failed[name]
+        print(f"{name:<40} {'ok' if not bad else 'WRONG on ranks ' + ', '.join(map(str, bad[:16]))}")
+    print(f"# outputs every rank shares: {'equal on every rank' if summary['digests_equal'] else 'DIFFER across ranks'}")
+    ok = not summary["failed"] and summary["digests_equal"]
+    print(f"# {checked} checks ({len(names)} kinds) on {n} ranks: {'all exact' if ok else 'FAILURES'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "ranks": every}, f, indent=1)
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=64, help="ranks to start on this machine (driver mode)")
+    p.add_argument("--count", type=int, default=4099, help="elements per rank per collective (and 1)")
+    p.add_argument("--pg-timeout", type=float, default=120.0, help="process group timeout (s)")
+    p.add_argument("--deadline", type=float, default=600.0, help="driver: kill every rank after this many s")
+    p.add_argument("--json", default=None, help="rank 0 writes the summary and every rank's report here")
+    args = p.parse_args()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return rank_main(args)
+    from mccl import cluster
+
+    return cluster.launch([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], args.nproc,
+                          timeout=args.deadline, extra_env={"OMP_NUM_THREADS": "1"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
