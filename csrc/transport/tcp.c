@@ -144,9 +144,18 @@ static void traceWrite(mcclTransport* t, int peer, mcclConn* c, mcclXfer* x, ssi
  * back (a few microseconds each way), which is what small collectives' latency is made of. */
 #define MCCL_SEND_INLINE_BYTES (64 * 1024)
 
-void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
+/* The send `x` may leave: its gates (if any) all completed. */
+static int gatesOpen(const mcclXfer* x) {
+  for (int i = 0; i < x->ngate; i++)
+    if (!atomic_load(&x->gate[i].complete)) return 0;
+  return 1;
+}
+
+static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate) {
   mcclConn* c = &t->conns[peer];
   mcclSender* s = t->sender;
+  x->gate = gate;
+  x->ngate = gate != NULL ? ngate : 0;
   x->next = NULL;
   x->done = 0;
   atomic_store(&x->complete, 0);
@@ -157,7 +166,8 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
   x->t_post = t->trace ? mcclNowNs() : 0;
   if (s != NULL) pthread_mutex_lock(&s->mu);
   int was_empty = c->sq_head == NULL;
-  if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted) {
+  if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted &&
+      gatesOpen(x)) {
     /* The queue is empty and we hold the lock, so the thread is not writing this socket. What
      * does not fit (or fails) is queued below, from x->done on; the thread finds any error. */
     ssize_t n;
@@ -184,11 +194,22 @@ void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) {
   }
 }
 
+void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) { postSend(t, peer, x, NULL, 0); }
+
+void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate) {
+  for (int i = 0; i < ngate; i++) gate[i].gates_send = 1; /* completing wakes the sender (recvDone) */
+  postSend(t, peer, x, gate, ngate);
+}
+
+/* The head send of `c` may be written now: there is one, and its gates are open. */
+static int sendable(const mcclConn* c) { return c->sq_head != NULL && gatesOpen(c->sq_head); }
+
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   mcclConn* c = &t->conns[peer];
   x->next = NULL;
   x->done = 0;
   x->complete = 0;
+  x->gates_send = 0;
   x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
   x->t_first = 0;
@@ -210,7 +231,7 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
     if (s != NULL) pthread_mutex_lock(&s->mu);
     mcclXfer* x = c->sq_head;
     if (s != NULL) pthread_mutex_unlock(&s->mu);
-    if (x == NULL) return 0;
+    if (x == NULL || !gatesOpen(x)) return 0; /* a gated head holds the rest of its queue */
     size_t before = x->done;
     ssize_t n = frameWrite(c->fd, x);
     if (n < 0) {
@@ -249,7 +270,7 @@ static void* senderMain(void* arg) {
     while ((s->halted || atomic_load(&s->failed)) && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
     if (s->stop) break;
     s->busy = 1;
-    for (int r = 0; r < t->nranks; r++) s->queued[r] = t->conns[r].sq_head != NULL && t->conns[r].fd >= 0;
+    for (int r = 0; r < t->nranks; r++) s->queued[r] = sendable(&t->conns[r]) && t->conns[r].fd >= 0;
     pthread_mutex_unlock(&s->mu);
     int np = 0;
     for (int r = 0; r < t->nranks && !atomic_load(&s->failed); r++) {
@@ -395,11 +416,15 @@ static int readAhead(const mcclConn* c) {
 }
 
 /* The head posted receive of `c` has all its bytes: complete it (the transport's last access). */
-static void recvDone(mcclConn* c) {
+static void recvDone(mcclTransport* t, mcclConn* c) {
   mcclXfer* x = c->rq_head;
-  x->complete = 1;
+  const int wake = x->gates_send && t->sender != NULL;
   c->rq_head = x->next;
   if (c->rq_head == NULL) c->rq_tail = NULL;
+  x->complete = 1;
+  /* A send waiting for this receive sits in the sender thread's queues, which it stopped
+   * looking at; without a thread, the owner's next round finds it sendable. */
+  if (wake) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
 }
 
 /* Reading ahead: look at the next header without taking it, and take it only when it is a
@@ -462,7 +487,7 @@ static mcclResult_t parkDrain(mcclTransport* t, int peer) {
       c->rx_room = c->rx_left;
       break;
     }
-    recvDone(c); /* (its arrival is in the trace already: a "park" span on this link's track) */
+    recvDone(t, c); /* (its arrival is in the trace already: a "park" span on this link's track) */
   }
   if (popped) c->ahead_stop = 0;
   return mcclSuccess;
@@ -604,7 +629,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     if (c->rx_left > 0) continue;
     if (c->rx_mode == MCCL_RX_COLL) {
       if (t->trace) traceXfer(t, mcclTraceRecvTrack(peer), MCCL_TRACE_RECV_WAIT, MCCL_TRACE_RECV, c->rq_head);
-      recvDone(c);
+      recvDone(t, c);
     } else if (c->rx_mode == MCCL_RX_P2P) {
       t->p2p.landed(t->p2p.ctx, peer, &c->rx_frame);
     } else if (c->rx_mode == MCCL_RX_ABORT) {
@@ -641,7 +666,7 @@ static void describeStall(mcclTransport* t) {
   for (int r = 0; r < t->nranks && !found; r++) {
     mcclConn* c = &t->conns[r];
     char desc[200];
-    if (c->sq_head != NULL) {
+    if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
       mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
@@ -691,14 +716,14 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
    * completions (its wake pipe) while any are queued. */
   if (snd != NULL) {
     pthread_mutex_lock(&snd->mu);
-    for (int r = 0; r < t->nranks; r++) snd->owner_queued[r] = t->conns[r].sq_head != NULL;
+    for (int r = 0; r < t->nranks; r++) snd->owner_queued[r] = sendable(&t->conns[r]);
     pthread_mutex_unlock(&snd->mu);
   }
   int np = 0, busy = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (r == t->rank) continue;
-    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] : c->sq_head != NULL;
+    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] : sendable(c);
     int rd = need || readAhead(c);
     if (!rd && !wr) continue;
     busy |= need || wr;

@@ -3,7 +3,8 @@
  * at once (layer "transport"). The transport knows nothing about collectives: an algorithm posts
  * transfers (one frame each) on a peer's send or receive queue and calls mcclTransportProgress
  * until they complete. Each queue is FIFO, so frames leave and land in posting order, which is
- * the same order on every rank.
+ * the same order on every rank. A send may be gated on receives (mcclTransportPostAfter): it
+ * keeps its place, and it and the sends behind it on its link wait until those have arrived.
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
  * posted, while its park (park.h) has room for the collective frame that arrives next: a rank that
@@ -54,6 +55,11 @@ typedef struct mcclXfer {
   size_t done;                    /* header + payload bytes moved so far */
   atomic_int complete;            /* set last, after the transport's final access: from then on
                                      the owner may reuse or free the transfer */
+  struct mcclXfer* gate;          /* send: NULL, or `ngate` receives in an array
+                                     (mcclTransportPostAfter) that must all complete before this
+                                     frame, and every send queued behind it on its link, may leave */
+  int ngate;
+  int gates_send;                 /* receive: a send waits for it (wake the sender thread) */
   int64_t t_post, t_first;        /* with a trace: when it was posted, when its first byte moved */
 } mcclXfer;
 
@@ -195,6 +201,14 @@ mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const 
 
 void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x);
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
+
+/* mcclTransportPostSend for a frame that must not leave before the receives gate[0..ngate-1]
+ * (posted on this transport, kept until this send completes) have completed: it takes its place
+ * in the link's order now, and it and what is queued behind it on its link go out once the
+ * gates' frames have arrived (and so matched). The transport lets it go by itself, whoever waits
+ * meanwhile: an algorithm fixes the order of a link at once, while the frame's departure follows
+ * other links' arrivals (the agreement's chain, algo.h). */
+void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate);
 
 /* One round: wait (until `deadline_ns` at most) for any posted transfer to make progress and move
  * as many bytes as the sockets take (with a sender thread: the receives; the sends move there).

@@ -684,6 +684,62 @@ static void testP2pBudget(void) {
   free(buf);
 }
 
+/* A gated send (mcclTransportPostAfter) keeps its place on its link and holds what is queued
+ * behind it until its gate receives have landed, then both leave in order; with and without the
+ * sender thread (whose queues the gate's completion must wake). */
+static void testGatedSend(int sender_thread) {
+  mcclLoopback lb;
+  EXPECT(loopbackOpen(&lb, 1 << 16) == 0, "loopback");
+  if (lb.comm == NULL) return;
+  mcclTransport* tp = &lb.comm->tp;
+  if (sender_thread) EXPECT(mcclTransportStartSender(tp) == mcclSuccess, "sender thread: %s", tp->error);
+  mcclXfer x[4]; /* two gate receives, the gated send, a send behind it */
+  memset(x, 0, sizeof(x));
+  for (int i = 0; i < 4; i++) {
+    x[i].frame.coll = MCCL_COLL_BROADCAST;
+    x[i].frame.dtype = mcclInt32;
+    x[i].frame.count = 1;
+    x[i].frame.step = MCCL_STEP_CONTROL + (uint32_t)i;
+  }
+  mcclTransportPostRecv(tp, 1, &x[0]);
+  mcclTransportPostRecv(tp, 1, &x[1]);
+  mcclTransportPostAfter(tp, 1, &x[2], &x[0], 2);
+  mcclTransportPostSend(tp, 1, &x[3]);
+  uint8_t hdr[2][MCCL_FRAME_BYTES], got[2 * MCCL_FRAME_BYTES];
+  mcclFrame f0 = x[0].frame, f1 = x[1].frame;
+  mcclFrameEncode(hdr[0], &f0);
+  mcclFrameEncode(hdr[1], &f1);
+  size_t have = 0;
+  /* Only the first gate arrives: nothing may leave. */
+  loopbackWrite(&lb, hdr[0], MCCL_FRAME_BYTES);
+  double until = seconds() + 0.2;
+  mcclResult_t res = mcclSuccess;
+  while (seconds() < until && res == mcclSuccess) {
+    res = loopbackDrain(&lb, 10);
+    ssize_t n = recv(lb.peer_fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
+    if (n > 0) have += (size_t)n;
+  }
+  EXPECT(res == mcclSuccess && x[0].complete && !x[1].complete, "first gate: %s %s", mcclGetErrorString(res), tp->error);
+  EXPECT(have == 0 && !x[2].complete && !x[3].complete, "thread %d: %zu bytes left before the second gate",
+         sender_thread, have);
+  /* The second gate: the gated send, then the one behind it. */
+  loopbackWrite(&lb, hdr[1], MCCL_FRAME_BYTES);
+  until = seconds() + 5;
+  while (seconds() < until && res == mcclSuccess && have < sizeof(got)) {
+    res = loopbackDrain(&lb, 10);
+    ssize_t n = recv(lb.peer_fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
+    if (n > 0) have += (size_t)n;
+  }
+  mcclFrame a, b;
+  int ok = have == sizeof(got) && mcclFrameDecode(got, &a) == 0 && mcclFrameDecode(got + MCCL_FRAME_BYTES, &b) == 0;
+  EXPECT(ok && a.step == MCCL_STEP_CONTROL + 2 && b.step == MCCL_STEP_CONTROL + 3,
+         "thread %d: after both gates %zu bytes, steps in order: %d", sender_thread, have, ok);
+  until = seconds() + 5;
+  while (seconds() < until && !(x[2].complete && x[3].complete)) (void)loopbackDrain(&lb, 10);
+  EXPECT(x[2].complete && x[3].complete, "thread %d: both sends complete", sender_thread);
+  loopbackClose(&lb);
+}
+
 int main(void) {
   /* Before the parameters are read (once per process): a small budget for testP2pBudget. The
    * other tests park less than this. */
@@ -696,5 +752,7 @@ int main(void) {
   testP2pStalledMidMessage();
   testSettle();
   testP2pBudget();
+  testGatedSend(0);
+  testGatedSend(1);
   return harnessExit("test_wire");
 }
