@@ -55,6 +55,8 @@ typedef struct mcclAlgoCtx {
   int alltoall_window;     /* MCCL_ALLTOALL_WINDOW: pairwise all-to-all steps in flight (0: all,
                               -1: chosen by single_host) */
   int single_host;         /* every rank on this machine (mcclTransportSingleHost) */
+  int announce_ranks;      /* MCCL_ANNOUNCE_RANKS: the largest communicator whose agreement
+                              alongside sends to every rank (mcclAlgoAnnounceAll) */
   unsigned plans_logged[16]; /* per collective kind: the plans (bits) already logged (select.c) */
   int* ring_order;         /* NULL: rings visit ranks in rank order; else [2 x nranks]: the rank at
                               each ring position, then each rank's position (core/topology.h) */
@@ -110,14 +112,24 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
 mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
 
 /* For algorithms that write early (the rings, and the small broadcast tree whose leaves hear only
- * from their parent): one round in which every rank sends an empty frame with the op's
- * header to every other rank and receives one from each, posted before any data so that every
- * link carries them first on both ends. `done` once every peer's announcement matched: from then
- * on this rank may write its output. One hop of latency instead of ceil(log2 n), for 2(n-1)
- * empty frames per rank. `enabled` 0: done at once, nothing posted. */
+ * from their parent): an agreement run alongside the data, posted before any data so that every
+ * link it uses carries it first on both ends. `done` once it completed: from then on this rank
+ * may write its output. Two forms, chosen by mcclAlgoAnnounceAll (select.c), the same on every
+ * rank:
+ *  - all peers (communicators of up to MCCL_ANNOUNCE_RANKS ranks): one round in which every rank
+ *    sends an empty frame with the op's header to every other rank and receives one from each.
+ *    One hop of latency, 2(n-1) empty frames per rank, a connection to every rank;
+ *  - dissemination (larger ones): mcclAgree's pattern in ring positions (position p sends to
+ *    p + 2^k in round k), every round's frames posted at the start, round k's send gated on
+ *    the receives of rounds 0..k-1 (mcclTransportPostAfter: it leaves once those frames arrived
+ *    and matched): the chain of checks, without waiting in the algorithm. ceil(log2 n) hops, 2 ceil(log2 n) frames per rank, connections
+ *    to 2 ceil(log2 n) peers. A link that also carries data carries it behind the agreement.
+ * `enabled` 0: done at once, nothing posted. */
 typedef struct {
-  mcclXfer* x;    /* 2(n-1) transfers: sends, then receives */
+  mcclXfer* x;       /* n transfers: sends, then receives */
   int n, first_pending, done;
+  int rounds;        /* dissemination: ceil(log2 n) rounds, x[k] round k's send, x[rounds + k]
+                        its receive; 0: all peers */
 } mcclAnnouncement;
 mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled);
 void mcclAnnounceCheck(mcclAnnouncement* a);  /* after each progress round: updates `done` */

@@ -33,6 +33,8 @@ mcclAlgorithm_t mcclAlgoForced(void) {
   return forced;
 }
 
+int mcclAlgoAnnounceAll(const mcclAlgoCtx* ctx) { return ctx->nranks <= ctx->announce_ranks; }
+
 static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, window}; }
 
 static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {

@@ -47,6 +47,13 @@ typedef struct {
  * communicator uses it, at INFO (subsystem COLL), with the reason. */
 mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op);
 
+/* 1: the agreement that runs alongside early-writing algorithms (mcclAnnounceStart, algo.h)
+ * sends to every rank, 0: it runs the dissemination pattern. All peers costs one hop and 2(n-1)
+ * frames per rank, dissemination ceil(log2 n) hops and 2 ceil(log2 n) frames, so all peers is
+ * the choice while n - 1 - ceil(log2 n) frames cost less than ceil(log2 n) - 1 hops: up to
+ * MCCL_ANNOUNCE_RANKS ranks (default 16; bench/NOTES.md has the measurements). */
+int mcclAlgoAnnounceAll(const mcclAlgoCtx* ctx);
+
 /* "ring", "doubling", ...: a plan's name, as MCCL_ALGO and the log spell it. */
 const char* mcclPlanName(mcclPlanKind kind);
 

@@ -243,22 +243,38 @@ mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op) {
   return mcclSuccess;
 }
 
+/* The rank at ring position `pos` mod n (ring.c's order; rank order without a topology). */
+static int posRank(const mcclAlgoCtx* ctx, int pos) {
+  pos = ((pos % ctx->nranks) + ctx->nranks) % ctx->nranks;
+  return ctx->ring_order ? ctx->ring_order[pos] : pos;
+}
+
 mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled) {
   const int n = ctx->nranks, r = ctx->rank;
   memset(a, 0, sizeof(*a));
   a->done = 1;
   if (!enabled || n == 1) return mcclSuccess;
-  a->x = calloc((size_t)(n - 1) * 2, sizeof(mcclXfer));
-  if (a->x == NULL) return mcclAlgoOutOfMemory(ctx, (size_t)(n - 1) * 2 * sizeof(mcclXfer));
-  a->n = 2 * (n - 1);
+  int rounds = 0;
+  if (!mcclAlgoAnnounceAll(ctx))
+    while ((1 << rounds) < n) rounds++;
+  const int nsend = rounds > 0 ? rounds : n - 1;
+  a->x = calloc((size_t)nsend * 2, sizeof(mcclXfer));
+  if (a->x == NULL) return mcclAlgoOutOfMemory(ctx, (size_t)nsend * 2 * sizeof(mcclXfer));
+  a->n = 2 * nsend;
+  a->rounds = rounds;
   a->done = 0;
-  for (int k = 1; k < n; k++) { /* to r+1 first: the ring's own link */
-    mcclXfer* s = &a->x[k - 1];
-    mcclXfer* rv = &a->x[n - 1 + k - 1];
-    mcclAlgoFrame(op, &s->frame, MCCL_STEP_AGREE, 0, 0);
-    mcclAlgoFrame(op, &rv->frame, MCCL_STEP_AGREE, 0, 0);
-    mcclTransportPostSend(ctx->tp, (r + k) % n, s);
-    mcclTransportPostRecv(ctx->tp, (r - k + n) % n, rv);
+  const int pos = ctx->ring_order ? ctx->ring_order[n + r] : r;
+  for (int k = 0; k < nsend; k++) { /* to the ring's own link first */
+    mcclXfer* s = &a->x[k];
+    mcclXfer* rv = &a->x[nsend + k];
+    const int dist = rounds > 0 ? 1 << k : k + 1;
+    mcclAlgoFrame(op, &s->frame, MCCL_STEP_AGREE + (uint32_t)(rounds > 0 ? k : 0), 0, 0);
+    mcclAlgoFrame(op, &rv->frame, MCCL_STEP_AGREE + (uint32_t)(rounds > 0 ? k : 0), 0, 0);
+    /* Round k's send leaves once the frames of rounds 0..k-1 arrived (and so matched): then
+     * it vouches for every rank those frames vouched for, the chain of mcclAgree. */
+    if (rounds > 0 && k > 0) mcclTransportPostAfter(ctx->tp, posRank(ctx, pos + dist), s, &a->x[nsend], k);
+    else mcclTransportPostSend(ctx->tp, posRank(ctx, pos + dist), s);
+    mcclTransportPostRecv(ctx->tp, posRank(ctx, pos - dist), rv);
   }
   return mcclSuccess;
 }

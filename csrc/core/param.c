@@ -35,6 +35,10 @@ static mcclParam params[] = {
     /* Pairwise all-to-all steps in flight at once for blocks of 64 KiB and up (0: all n-1;
      * -1: 1 across hosts, all when every rank is on one machine). */
     {"MCCL_ALLTOALL_WINDOW", -1, -1, 1 << 20, 0, NULL, 0},
+    /* Communicators of up to this many ranks check that a collective matches with an empty
+     * frame to and from every rank (one hop); larger ones with the dissemination agreement
+     * (ceil(log2 n) hops, 2 ceil(log2 n) frames; algo/algo.h). Every rank must be given the same. */
+    {"MCCL_ANNOUNCE_RANKS", 16, 0, 1 << 30, 0, NULL, 0},
     /* 1: a communicator writes its sockets on a thread of its own ("mccl-send") while the
      * engine thread receives and reduces; 0: the engine thread does all three; -1: 1 when
      * this rank may run on two CPUs and the ranks sharing its CPUs have two each (core/host.h). */
