@@ -6,11 +6,14 @@
  *   inits          counter every rank adds 1 to at init; generation = (value - 1) / nranks, so
  *                  each init of the same group on the same store gets fresh keys. The value a
  *                  rank got is its slot: the slots of generation g are g * nranks + 1 .. + nranks
- *   join/<slot>    "rank <r> of <nranks>", written by the rank that got the slot; every rank reads
- *                  the records of its generation's other slots before anything else, which is
- *                  how ranks started with different world sizes (or twice with one rank) find out
- *                  (joinGroup). "!<reason>" where a rank that found such a conflict poisoned a
- *                  slot nobody had taken yet, so that whoever waits on it fails with the reason
+ *   join/<slot>    "rank <r> of <nranks>", written by the rank that got the slot; the rank with
+ *                  the generation's first slot reads the records of its other slots before
+ *                  anything else, the others read the first slot's, which is how ranks started
+ *                  with different world sizes (or twice with one rank) find out (joinGroup).
+ *                  "!<reason>" where a rank that found such a conflict poisoned a slot nobody had
+ *                  taken yet, so that whoever waits on it fails with the reason
+ *   joined/<first> the verdict of the rank with slot <first> on its generation's join: "ok", or
+ *                  "!<result code> <message>"
  *   g<gen>/token   16 random bytes from rank 0: the job token every handshake must carry
  *   g<gen>/rank/<r> rank r's record (rankRecord below): its listening address ("host:port" or
  *                  "[v6]:port"), topology group and host description (core/host.h: machine,
@@ -20,9 +23,10 @@
  *                  read them all; or '!' and the reason why rank 0 could not (gatherRecords)
  *   g<gen>/addr/<r> rank r's listening address alone, for people and tools (init never reads it)
  *
- * Store reads per rank at init: the n - 1 join records, then rank 0 reads the n - 1 rank records
- * and every other rank reads 2 keys (the token and the table), so the job makes about n^2 + 2n
- * reads rather than the 4n^2 it made when every rank read every rank's address, host and group.
+ * Store reads per rank at init: 2 for the join (the first slot's record and the verdict; n - 1
+ * on the rank with the first slot), then rank 0 reads the n - 1 rank records and every other rank
+ * reads 2 keys (the token and the table): about 6n reads per job, where every rank reading every
+ * rank's join record, address, host and group made about 4n^2.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -489,7 +493,10 @@ static mcclResult_t ringOrder(struct mcclComm* comm, const rankRecord* recs, con
  * that found the conflict poisons the slots not yet handed out that such a rank can wait on (the
  * next max(nranks) - 1 after the counter's value), and that rank then fails with the same reason.
  * In a consistent job every slot of a generation is taken by one rank of it, and nothing is
- * poisoned: the check costs one store write and nranks - 1 reads per rank.
+ * poisoned. Only the rank holding the generation's first slot (the checker) reads every slot; it
+ * publishes its verdict, and every other rank reads the first slot's record and the verdict: the
+ * check costs one store write and 2 reads per rank (n - 1 and a write on the checker). A rank
+ * whose first slot holds another world size finds that itself; the checker finds the rest.
  *
  * Limitation: a rank sees only the records in its generation's slots. Ranks whose slots are all
  * taken by consistent ranks (e.g. two ranks started with world size 2 next to one with 3 that
@@ -527,14 +534,68 @@ static int rankList(const uint8_t* seen, int n, int want, char* out, size_t cap)
   return count;
 }
 
-/* Publish this rank's join record under `slot` and check every other slot of its generation
- * (see above). mcclInvalidArgument for ranks that disagree, mcclTimeout naming the ranks still
- * missing at the deadline, or the store's failure; the thread's error says which. */
+/* One join record (the text of slot `s`, under `key`) against this rank's own: 0 when it is
+ * consistent (then seen[] and seen_at[] record it); else the result, with the thread's error set
+ * and, for a conflict other ranks must hear of, *span (how many slots to poison) and reason[]. */
+static mcclResult_t joinCheckRecord(const struct mcclComm* comm, const char* key, const char* text, int64_t s,
+                                    uint8_t* seen, int64_t* seen_at, int* span, char* reason, size_t cap) {
+  const int n = comm->nranks;
+  int r = -1, rn = -1, used = 0;
+  if (text[0] == JOIN_POISON) {
+    mcclSetThreadError("mcclCommInitConfig: %s; this is rank %d, started with world size %d", text + 1,
+                       comm->rank, n);
+    return mcclInvalidArgument;
+  }
+  if (sscanf(text, "rank %d of %d%n", &r, &rn, &used) != 2 || text[used] != '\0' || rn < 1 || r < 0 || r >= rn) {
+    mcclSetThreadError("mcclCommInitConfig: store key '%s' holds '%.60s', not a join record (\"rank <r> of "
+                       "<n>\"): another program uses this group's keys", key, text);
+    return mcclProtocolError;
+  }
+  if (rn != n) {
+    snprintf(reason, cap, "the ranks of communicator '%s' were started with different world sizes: "
+             "rank %d with %d, rank %d with %d (every rank must be given the same world size, e.g. the "
+             "same WORLD_SIZE; found by rank %d)", comm->label, r < comm->rank ? r : comm->rank,
+             r < comm->rank ? rn : n, r < comm->rank ? comm->rank : r, r < comm->rank ? n : rn, comm->rank);
+    *span = rn > n ? rn : n;
+    return mcclInvalidArgument;
+  }
+  if (seen[r]) {
+    snprintf(reason, cap, "two processes of communicator '%s' were started as rank %d of %d (store "
+             "slots %lld and %lld of 'mccl/%s/inits'): every rank number must go to one process (found by "
+             "rank %d)", comm->label, r, n, (long long)seen_at[r], (long long)s, comm->name, comm->rank);
+    *span = n;
+    return mcclInvalidArgument;
+  }
+  seen[r] = 1;
+  seen_at[r] = s;
+  return mcclSuccess;
+}
+
+/* The timeout's message: the ranks seen[] says joined, and those still missing. */
+static void joinTimedOut(const struct mcclComm* comm, const uint8_t* seen) {
+  const int n = comm->nranks;
+  char missing[200], present[200];
+  int nmissing = rankList(seen, n, 0, missing, sizeof(missing));
+  int npresent = rankList(seen, n, 1, present, sizeof(present));
+  mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of communicator '%s' to "
+                     "join: %d of %d joined (rank%s %s); still missing rank%s %s",
+                     (double)comm->timeout_ms / 1000.0, comm->label, npresent, n, npresent == 1 ? "" : "s",
+                     present, nmissing == 1 ? "" : "s", missing);
+}
+
+/* Publish this rank's join record under `slot` and check the join (see above): the rank holding
+ * the generation's first slot (the checker) reads every other slot and writes its verdict
+ * (joined/<first>: "ok", or "!<result> <message>"); every other rank reads the first slot's record
+ * (a different world size there is its own to find) and then the verdict: two reads. The checker
+ * gives up a little before the deadline (min(timeout/10, 2 s)) so that its verdict, naming the
+ * ranks still missing, reaches the others in time. mcclInvalidArgument for ranks that disagree,
+ * mcclTimeout naming the ranks still missing at the deadline, or the store's failure; the
+ * thread's error says which. */
 static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* store, int64_t slot,
                               int64_t deadline) {
   const int n = comm->nranks;
   const int64_t first = (int64_t)comm->generation * n + 1;
-  char key[256], text[900], what[96], reason[700];
+  char key[256], vkey[256], text[900], what[128], reason[700];
   snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)slot);
   snprintf(text, sizeof(text), "rank %d of %d", comm->rank, n);
   mcclResult_t res = storeSet(store, key, text, strlen(text), "this rank's join record");
@@ -550,55 +611,66 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
   seen[comm->rank] = 1;
   seen_at[comm->rank] = slot;
   int span = 0; /* set when this rank found a conflict: how many slots to poison */
+  const int checker = slot == first;
+  const int64_t now = mcclNowNs(), margin = (deadline - now) / 10 < 2000000000LL ? (deadline - now) / 10 : 2000000000LL;
+  snprintf(vkey, sizeof(vkey), "mccl/%s/joined/%lld", comm->name, (long long)first);
   for (int64_t s = first; s < first + n && res == mcclSuccess; s++) {
     if (s == slot) continue;
     size_t len = 0;
     snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)s);
     snprintf(what, sizeof(what), "the join record of store slot %lld", (long long)s);
-    res = storeGet(store, key, text, sizeof(text) - 1, &len, deadline, what);
-    if (res == mcclTimeout) {
-      /* Every slot before `s` was read; the slots after it are taken (if at all) later. */
-      char missing[200], present[200];
-      int nmissing = rankList(seen, n, 0, missing, sizeof(missing));
-      int npresent = rankList(seen, n, 1, present, sizeof(present));
-      mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of communicator '%s' to "
-                         "join: %d of %d joined (rank%s %s); still missing rank%s %s",
-                         (double)comm->timeout_ms / 1000.0, comm->label, npresent, n, npresent == 1 ? "" : "s",
-                         present, nmissing == 1 ? "" : "s", missing);
-    }
+    res = storeGet(store, key, text, sizeof(text) - 1, &len, checker ? deadline - margin : deadline, what);
+    if (res == mcclTimeout) joinTimedOut(comm, seen); /* the slots after `s` are taken later, if at all */
     if (res != mcclSuccess) break;
     text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
-    int r = -1, rn = -1, used = 0;
-    if (text[0] == JOIN_POISON) {
-      mcclSetThreadError("mcclCommInitConfig: %s; this is rank %d, started with world size %d", text + 1,
-                         comm->rank, n);
-      res = mcclInvalidArgument;
-    } else if (sscanf(text, "rank %d of %d%n", &r, &rn, &used) != 2 || text[used] != '\0' || rn < 1 ||
-               r < 0 || r >= rn) {
-      mcclSetThreadError("mcclCommInitConfig: store key '%s' holds '%.60s', not a join record (\"rank <r> of "
-                         "<n>\"): another program uses this group's keys", key, text);
-      res = mcclProtocolError;
-    } else if (rn != n) {
-      snprintf(reason, sizeof(reason), "the ranks of communicator '%s' were started with different world sizes: "
-               "rank %d with %d, rank %d with %d (every rank must be given the same world size, e.g. the "
-               "same WORLD_SIZE; found by rank %d)", comm->label, r < comm->rank ? r : comm->rank,
-               r < comm->rank ? rn : n, r < comm->rank ? comm->rank : r, r < comm->rank ? n : rn, comm->rank);
-      span = rn > n ? rn : n;
-      res = mcclInvalidArgument;
-    } else if (seen[r]) {
-      snprintf(reason, sizeof(reason), "two processes of communicator '%s' were started as rank %d of %d (store "
-               "slots %lld and %lld of 'mccl/%s/inits'): every rank number must go to one process (found by "
-               "rank %d)", comm->label, r, n, (long long)seen_at[r], (long long)s, comm->name, comm->rank);
-      span = n;
-      res = mcclInvalidArgument;
-    } else {
-      seen[r] = 1;
-      seen_at[r] = s;
-    }
+    res = joinCheckRecord(comm, key, text, s, seen, seen_at, &span, reason, sizeof(reason));
+    if (!checker) break; /* the first slot's record only; the checker's verdict for the rest */
   }
   if (span > 0) {
     mcclSetThreadError("mcclCommInitConfig: %s", reason);
     joinPoison(store, comm->name, span, reason, deadline);
+  }
+  if (checker) { /* the verdict, also on failure (best effort: the store may be what failed) */
+    static const char lead[] = "mcclCommInitConfig: ";
+    const char* msg = mcclThreadError();
+    if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
+    if (res == mcclSuccess) {
+      res = storeSet(store, vkey, "ok", 2, "the join check's verdict");
+    } else {
+      snprintf(text, sizeof(text), "!%d %s", (int)res, msg);
+      store->set(store->ctx, vkey, text, strlen(text)); /* keeps this rank's own error */
+    }
+  } else if (res == mcclSuccess) {
+    size_t len = 0;
+    snprintf(what, sizeof(what), "the join check of the rank in store slot %lld (it reads every rank's join record)",
+             (long long)first);
+    res = storeGet(store, vkey, text, sizeof(text) - 1, &len, deadline, what);
+    if (res == mcclTimeout) {
+      /* No verdict (the checker started later than this rank, or stalled): which ranks joined,
+       * looked up now without waiting, so that the message names the missing ones. */
+      for (int64_t t = first; t < first + n; t++) {
+        snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)t);
+        int r = -1, rn = -1;
+        if (t != slot && store->get(store->ctx, key, text, sizeof(text) - 1, &len, 1) == mcclSuccess) {
+          text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
+          if (sscanf(text, "rank %d of %d", &r, &rn) == 2 && rn == n && r >= 0 && r < n) seen[r] = 1;
+        }
+      }
+      joinTimedOut(comm, seen);
+    } else if (res == mcclSuccess) {
+      text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
+      int code = 0, used = 0;
+      if (strcmp(text, "ok") == 0) {
+        res = mcclSuccess;
+      } else if (text[0] == '!' && sscanf(text + 1, "%d %n", &code, &used) == 1 && code > 0 && code < mcclNumResults) {
+        mcclSetThreadError("mcclCommInitConfig: %s", text + 1 + used);
+        res = (mcclResult_t)code;
+      } else {
+        mcclSetThreadError("mcclCommInitConfig: store key '%s' holds '%.60s', not a join verdict: another program "
+                           "uses this group's keys", vkey, text);
+        res = mcclProtocolError;
+      }
+    }
   }
   free(seen);
   free(seen_at);
