@@ -122,8 +122,9 @@ mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
  *  - dissemination (larger ones): mcclAgree's pattern in ring positions (position p sends to
  *    p + 2^k in round k), every round's frames posted at the start, round k's send gated on
  *    the receives of rounds 0..k-1 (mcclTransportPostAfter: it leaves once those frames arrived
- *    and matched): the chain of checks, without waiting in the algorithm. ceil(log2 n) hops, 2 ceil(log2 n) frames per rank, connections
- *    to 2 ceil(log2 n) peers. A link that also carries data carries it behind the agreement.
+ *    and matched): the chain of checks, without waiting in the algorithm. ceil(log2 n) hops,
+ *    2 ceil(log2 n) frames per rank, connections to 2 ceil(log2 n) peers. A link that also
+ *    carries data (or a point-to-point message) carries it behind the agreement.
  * `enabled` 0: done at once, nothing posted. */
 typedef struct {
   mcclXfer* x;       /* n transfers: sends, then receives */
