@@ -64,6 +64,11 @@ typedef struct mcclAlgoCtx {
   int group_size;          /* g when every group has g ranks, else 0 (no two-level ring) */
 } mcclAlgoCtx;
 
+/* Ring order (core/topology.h): the rank at ring position `pos` (taken mod n), and rank r's
+ * position; rank order when ctx->ring_order is NULL. */
+int mcclRingRank(const mcclAlgoCtx* ctx, int pos);
+int mcclRingPos(const mcclAlgoCtx* ctx, int r);
+
 /* Scratch of at least `bytes`, or NULL when memory ran out (the caller reports it). A call may
  * move the buffer: pointers from an earlier call are invalid after it. mcclAlgoWork is the same
  * for the second buffer, so an algorithm can hold a work area while a callee grows scratch. */

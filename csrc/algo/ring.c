@@ -171,14 +171,9 @@ static void splitEven(size_t count, int n, size_t* off, size_t* len) {
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-/* Rings visit the ranks in ring order (core/topology.h): the rank at ring position `pos` (taken
- * mod n), and rank r's position. Chunks keep their ranks' numbers (chunk r is rank r's block),
- * so results do not depend on the order, only the links used do. */
-static int ringRank(const mcclAlgoCtx* ctx, int pos) {
-  pos = mod(pos, ctx->nranks);
-  return ctx->ring_order ? ctx->ring_order[pos] : pos;
-}
-static int ringPos(const mcclAlgoCtx* ctx, int r) { return ctx->ring_order ? ctx->ring_order[ctx->nranks + r] : r; }
+/* Rings visit the ranks in ring order (mcclRingRank, mcclRingPos: algo.h). Chunks keep their
+ * ranks' numbers (chunk r is rank r's block), so results do not depend on the order, only the
+ * links used do. */
 
 mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
@@ -199,17 +194,17 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   int* recv_chunk = send_chunk + nsteps;
   uint8_t* recv_mode = flags;
   uint8_t* from_input = flags + nsteps;
-  const int pos = ringPos(ctx, r);
+  const int pos = mcclRingPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    send_chunk[t] = ringRank(ctx, pos - t);
-    recv_chunk[t] = ringRank(ctx, pos - t - 1);
+    send_chunk[t] = mcclRingRank(ctx, pos - t);
+    recv_chunk[t] = mcclRingRank(ctx, pos - t - 1);
     recv_mode[t] = t < n - 2 ? MCCL_RECV_REDUCE : (t == n - 2 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_COPY);
     from_input[t] = t == 0;
   }
   splitEven(op->count, n, geo, geo + n);
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
-  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), send_chunk, recv_chunk,
+  mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), send_chunk, recv_chunk,
                        recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
@@ -234,7 +229,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
  * the output is written only once every rank's header matched (as in the flat ring). */
 mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int g = ctx->group_size, G = ctx->ngroups, r = ctx->rank;
-  const int pos = ringPos(ctx, r), k = pos / g, j = pos % g;
+  const int pos = mcclRingPos(ctx, r), k = pos / g, j = pos % g;
   const int nsteps = 2 * (g - 1) > 2 * (G - 1) ? 2 * (g - 1) : 2 * (G - 1);
   int* chunks = malloc(sizeof(int) * (size_t)nsteps * 2);
   uint8_t* flags = malloc((size_t)nsteps * 2);
@@ -248,7 +243,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   splitEven(op->count, g, off1, len1);
   splitEven(len1[j], G, off2, len2);
   for (int q = 0; q < G; q++) off2[q] += off1[j];
-  const int left = ringRank(ctx, k * g + mod(j - 1, g)), right = ringRank(ctx, k * g + mod(j + 1, g));
+  const int left = mcclRingRank(ctx, k * g + mod(j - 1, g)), right = mcclRingRank(ctx, k * g + mod(j + 1, g));
   mcclResult_t res = mcclSuccess;
   /* 1: reduce-scatter inside the group, chunk numbers = member numbers; member j ends with j. */
   if (g > 1) {
@@ -273,7 +268,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[t] = t < G - 2 ? MCCL_RECV_REDUCE : (t == G - 2 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_COPY);
       flags[nsteps + t] = 0;
     }
-    mcclRingPlan p2 = {steps, G, 1, ringRank(ctx, mod(k + 1, G) * g + j), ringRank(ctx, mod(k - 1, G) * g + j),
+    mcclRingPlan p2 = {steps, G, 1, mcclRingRank(ctx, mod(k + 1, G) * g + j), mcclRingRank(ctx, mod(k - 1, G) * g + j),
                        chunks, chunks + nsteps, flags, flags + nsteps, off2, len2, op->recvbuf, NULL, 0,
                        g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1)};
     res = mcclRingRun(ctx, &mid, &p2);
@@ -313,14 +308,14 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
     return mcclSystemError;
   }
-  const int pos = ringPos(ctx, r);
+  const int pos = mcclRingPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    chunks[t] = ringRank(ctx, pos - t - 1);
-    chunks[nsteps + t] = ringRank(ctx, pos - t - 2);
+    chunks[t] = mcclRingRank(ctx, pos - t - 1);
+    chunks[nsteps + t] = mcclRingRank(ctx, pos - t - 2);
     flags[t] = t == nsteps - 1 ? MCCL_RECV_REDUCE_FINAL : MCCL_RECV_REDUCE;
     flags[nsteps + t] = t == 0;
   }
-  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
+  mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
@@ -397,10 +392,10 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     snprintf(ctx->tp->error, sizeof(ctx->tp->error), "out of memory planning a ring of %d ranks", n);
     return mcclSystemError;
   }
-  const int pos = ringPos(ctx, r);
+  const int pos = mcclRingPos(ctx, r);
   for (int t = 0; t < nsteps; t++) {
-    chunks[t] = ringRank(ctx, pos - t);
-    chunks[nsteps + t] = ringRank(ctx, pos - t - 1);
+    chunks[t] = mcclRingRank(ctx, pos - t);
+    chunks[nsteps + t] = mcclRingRank(ctx, pos - t - 1);
   }
   flags[nsteps] = 1; /* step 0 sends the own block from the input */
   for (int c = 0; c < n; c++) {
@@ -408,7 +403,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     geo[n + c] = op->count;
   }
   /* Frames carry byte offsets into the whole output. */
-  mcclRingPlan plan = {nsteps, n, 1, ringRank(ctx, pos + 1), ringRank(ctx, pos - 1), chunks, chunks + nsteps,
+  mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
@@ -423,12 +418,12 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
  * receives. Time ~ bytes/bandwidth + (n-1) segment hops. */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
-  const int me = ringPos(ctx, r), pos = mod(me - ringPos(ctx, op->root), n); /* hops from root */
+  const int me = mcclRingPos(ctx, r), pos = mod(me - mcclRingPos(ctx, op->root), n); /* hops from root */
   int send_chunk = pos < n - 1 ? 0 : -1;
   int recv_chunk = pos > 0 ? 0 : -1;
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
-  mcclRingPlan plan = {1, 1, 0, ringRank(ctx, me + 1), ringRank(ctx, me - 1), &send_chunk, &recv_chunk,
+  mcclRingPlan plan = {1, 1, 0, mcclRingRank(ctx, me + 1), mcclRingRank(ctx, me - 1), &send_chunk, &recv_chunk,
                        &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0};
   return mcclRingRun(ctx, op, &plan);
 }

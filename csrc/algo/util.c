@@ -243,11 +243,12 @@ mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op) {
   return mcclSuccess;
 }
 
-/* The rank at ring position `pos` mod n (ring.c's order; rank order without a topology). */
-static int posRank(const mcclAlgoCtx* ctx, int pos) {
+int mcclRingRank(const mcclAlgoCtx* ctx, int pos) {
   pos = ((pos % ctx->nranks) + ctx->nranks) % ctx->nranks;
   return ctx->ring_order ? ctx->ring_order[pos] : pos;
 }
+
+int mcclRingPos(const mcclAlgoCtx* ctx, int r) { return ctx->ring_order ? ctx->ring_order[ctx->nranks + r] : r; }
 
 mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncement* a, int enabled) {
   const int n = ctx->nranks, r = ctx->rank;
@@ -263,7 +264,7 @@ mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncem
   a->n = 2 * nsend;
   a->rounds = rounds;
   a->done = 0;
-  const int pos = ctx->ring_order ? ctx->ring_order[n + r] : r;
+  const int pos = mcclRingPos(ctx, r);
   for (int k = 0; k < nsend; k++) { /* to the ring's own link first */
     mcclXfer* s = &a->x[k];
     mcclXfer* rv = &a->x[nsend + k];
@@ -272,9 +273,9 @@ mcclResult_t mcclAnnounceStart(mcclAlgoCtx* ctx, const mcclOp* op, mcclAnnouncem
     mcclAlgoFrame(op, &rv->frame, MCCL_STEP_AGREE + (uint32_t)(rounds > 0 ? k : 0), 0, 0);
     /* Round k's send leaves once the frames of rounds 0..k-1 arrived (and so matched): then
      * it vouches for every rank those frames vouched for, the chain of mcclAgree. */
-    if (rounds > 0 && k > 0) mcclTransportPostAfter(ctx->tp, posRank(ctx, pos + dist), s, &a->x[nsend], k);
-    else mcclTransportPostSend(ctx->tp, posRank(ctx, pos + dist), s);
-    mcclTransportPostRecv(ctx->tp, posRank(ctx, pos - dist), rv);
+    if (rounds > 0 && k > 0) mcclTransportPostAfter(ctx->tp, mcclRingRank(ctx, pos + dist), s, &a->x[nsend], k);
+    else mcclTransportPostSend(ctx->tp, mcclRingRank(ctx, pos + dist), s);
+    mcclTransportPostRecv(ctx->tp, mcclRingRank(ctx, pos - dist), rv);
   }
   return mcclSuccess;
 }

@@ -316,10 +316,23 @@ static int initPeerFailed(void* ctx, char* why, size_t cap) {
   return 1;
 }
 
+/* `msg` (an init error) without its leading "mcclCommInitConfig: ", for passing on to other ranks. */
+static const char* initErrorBody(const char* msg) {
+  static const char lead[] = "mcclCommInitConfig: ";
+  return strncmp(msg, lead, sizeof(lead) - 1) == 0 ? msg + sizeof(lead) - 1 : msg;
+}
+
+/* The deadline of a rank that gathers what others wait for (rank 0's table, the join verdict):
+ * min(a tenth of the time left, 2 s) before `deadline`, so that its failure, naming what was
+ * missing, reaches the ranks waiting on it before their own deadline. */
+static int64_t gathererDeadline(int64_t deadline) {
+  const int64_t left = deadline - mcclNowNs();
+  return deadline - (left / 10 < 2000000000LL ? left / 10 : 2000000000LL);
+}
+
 static void initPublishFailure(const mcclStore_t* store, const char* prefix, int rank, const char* self_addr,
                                int addr_published, const char* msg) {
-  static const char lead[] = "mcclCommInitConfig: ";
-  if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
+  msg = initErrorBody(msg);
   char own[32], text[800], key[256];
   snprintf(own, sizeof(own), "rank %d ", rank);
   if (strncmp(msg, own, strlen(own)) == 0) snprintf(text, sizeof(text), "%s", msg);
@@ -400,13 +413,13 @@ static mcclResult_t gatherRecords(const struct mcclComm* comm, const mcclStore_t
     free(buf);
     return res;
   }
-  const int64_t now = mcclNowNs(), margin = (deadline - now) / 10 < 2000000000LL ? (deadline - now) / 10 : 2000000000LL;
+  const int64_t early = gathererDeadline(deadline);
   char passon[sizeof(text) + 16] = ""; /* what the table says when this fails */
   for (int r = 1; r < n && res == mcclSuccess; r++) {
     char buf[sizeof(rankRecord) > sizeof(text) ? sizeof(rankRecord) : sizeof(text)];
     snprintf(key, sizeof(key), "%s/rank/%d", prefix, r);
     snprintf(what, sizeof(what), "rank %d's address", r);
-    res = storeGet(store, key, buf, sizeof(buf), &len, deadline - margin, what);
+    res = storeGet(store, key, buf, sizeof(buf), &len, early, what);
     if (res == mcclSuccess && len > 0 && buf[0] == '!') { /* that rank failed before it could listen */
       snprintf(text, sizeof(text), "%.*s", (int)(len - 1 < sizeof(text) - 1 ? len - 1 : sizeof(text) - 1), buf + 1);
       char why[1000];
@@ -426,12 +439,7 @@ static mcclResult_t gatherRecords(const struct mcclComm* comm, const mcclStore_t
   snprintf(key, sizeof(key), "%s/ranks", prefix);
   if (res == mcclSuccess) return storeSet(store, key, recs, table_len, "the table of every rank's address");
   /* Passed on to the others as the table; best effort (the store may be what failed). */
-  if (passon[0] == '\0') {
-    static const char lead[] = "mcclCommInitConfig: ";
-    const char* msg = mcclThreadError();
-    if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
-    snprintf(passon, sizeof(passon), "!rank 0: %s", msg);
-  }
+  if (passon[0] == '\0') snprintf(passon, sizeof(passon), "!rank 0: %s", initErrorBody(mcclThreadError()));
   store->set(store->ctx, key, passon, strlen(passon));
   return res;
 }
@@ -612,14 +620,14 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
   seen_at[comm->rank] = slot;
   int span = 0; /* set when this rank found a conflict: how many slots to poison */
   const int checker = slot == first;
-  const int64_t now = mcclNowNs(), margin = (deadline - now) / 10 < 2000000000LL ? (deadline - now) / 10 : 2000000000LL;
+  const int64_t early = checker ? gathererDeadline(deadline) : deadline;
   snprintf(vkey, sizeof(vkey), "mccl/%s/joined/%lld", comm->name, (long long)first);
   for (int64_t s = first; s < first + n && res == mcclSuccess; s++) {
     if (s == slot) continue;
     size_t len = 0;
     snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)s);
     snprintf(what, sizeof(what), "the join record of store slot %lld", (long long)s);
-    res = storeGet(store, key, text, sizeof(text) - 1, &len, checker ? deadline - margin : deadline, what);
+    res = storeGet(store, key, text, sizeof(text) - 1, &len, early, what);
     if (res == mcclTimeout) joinTimedOut(comm, seen); /* the slots after `s` are taken later, if at all */
     if (res != mcclSuccess) break;
     text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
@@ -631,13 +639,10 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
     joinPoison(store, comm->name, span, reason, deadline);
   }
   if (checker) { /* the verdict, also on failure (best effort: the store may be what failed) */
-    static const char lead[] = "mcclCommInitConfig: ";
-    const char* msg = mcclThreadError();
-    if (strncmp(msg, lead, sizeof(lead) - 1) == 0) msg += sizeof(lead) - 1;
     if (res == mcclSuccess) {
       res = storeSet(store, vkey, "ok", 2, "the join check's verdict");
     } else {
-      snprintf(text, sizeof(text), "!%d %s", (int)res, msg);
+      snprintf(text, sizeof(text), "!%d %s", (int)res, initErrorBody(mcclThreadError()));
       store->set(store->ctx, vkey, text, strlen(text)); /* keeps this rank's own error */
     }
   } else if (res == mcclSuccess) {
