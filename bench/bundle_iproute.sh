@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bundle iproute2's `ip` and `tc` (and iperf3 when installed) with every shared library `ldd`
+# Bundle iproute2's `ip`, `tc` and `ss` (and iperf3 when installed) with every shared library `ldd`
 # lists (the dynamic loader included) into a git-ignored folder, for machines that have no iproute2, such as the team's GPU
 # machine (see shared/design/TESTBED.md). Run it on a Debian machine that has iproute2
 # (apt-get install iproute2), then carry the folder along with the run:
@@ -7,7 +7,7 @@
 #   bench/bundle_iproute.sh                 # writes .tools/iproute (the default)
 #   bench/bundle_iproute.sh /some/folder    # or elsewhere
 #
-# The folder holds bin/{ip,tc,iperf3}, lib/*.so*, and wrapper scripts `ip`, `tc`, `iperf3` that start the
+# The folder holds bin/{ip,tc,ss,iperf3}, lib/*.so*, and wrapper scripts `ip`, `tc`, `ss`, `iperf3` that start the
 # binaries through the bundled loader with --library-path, so the bundled libraries are used
 # without setting LD_LIBRARY_PATH for anything else (a command started inside a namespace keeps
 # the machine's own libraries). `python -m mccl.cluster` finds .tools/iproute by itself when ip/tc
@@ -23,11 +23,11 @@ libs_of() {  # every absolute path ldd prints: "libx.so => /path (0x..)" and "/l
   ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'
 }
 
-tools="ip tc"
+tools="ip tc ss"   # ss: per-connection TCP state (cwnd, retransmits), sampled by bench/device_trace.sh
 if command -v iperf3 >/dev/null; then
   tools="$tools iperf3"  # optional: the goodput measurement falls back to Python sockets without it
 else
-  echo "bundle_iproute.sh: no iperf3 here (apt-get install iperf3); bundling ip and tc only" >&2
+  echo "bundle_iproute.sh: no iperf3 here (apt-get install iperf3); bundling ip, tc and ss only" >&2
 fi
 
 loader=""

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One device call for issue 17's link-level questions: what the 8-host ring's links did during
+# large all-reduces, next to gloo's, and what the trace costs. Everything lands in one tarball in
+# $OUT (the device tool's return folder). Carry .tools/iproute (bench/bundle_iproute.sh: ip, tc,
+# ss, iperf3). Stages (STAGES, in this order by default):
+#   base      mccl and gloo alternating round by round (--rounds ROUNDS), all-reduce SIZES
+#   tcp       per backend: each host's TCP counters and tc counters before and after NTCP
+#             64 MiB all-reduces (bench/netdiag.py reads them), and `ss -tin` of host 1's
+#             connections sampled every 20 ms while they run (cwnd, rtt, retransmits, pacing)
+#   trace     MCCL_TRACE on the 8 hosts: 64 MiB all-reduce, -n 5, and `python -m mccl.trace summary`
+#   cost      the trace's cost: invocations alternating MCCL_TRACE unset / set, COST_ROUNDS times
+#   trace4    the cluster again with 4 hosts: the trace of 64 MiB all-reduces and its summary,
+#             and mccl / gloo alternating at 64 MiB (last: it replaces the 8-host cluster)
+# Usage on the device: STAGES="base trace" bash bench/device_trace.sh (HOSTS, RATE: 8, 5gbit;
+# PY: python3; here: PY=.venv/bin/python HOSTS=3 RATE=1gbit ...)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+"$PY" setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+RES=bench/results/device-trace-$(date +%Y%m%d-%H%M%S); mkdir -p "$RES"
+export PYTHONPATH=$PWD/python IPROUTE_DIR=$PWD/.tools/iproute
+IPR=$IPROUTE_DIR
+cl() { "$PY" -m mccl.cluster --iproute-dir "$IPR" "$@"; }
+trap 'cl down --id t0 >/dev/null 2>&1; tar czf "${OUT:-/tmp}/results.tgz" "$RES"' EXIT
+up() {  # up HOSTS: a fresh cluster t0 and its goodput in $GP
+  cl down --id t0 >/dev/null 2>&1
+  cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" > "$RES/cluster-$1.txt"
+  cl goodput --id t0 --seconds 5 | tee -a "$RES/cluster-$1.txt"
+  GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster-$1.txt" | head -1 | cut -d' ' -f1)gbit
+  NH=$1
+}
+snap() {  # snap FILE: TCP and tc counters of every host (the format bench/netdiag.py reads)
+  for i in $(seq 0 $((NH - 1))); do
+    echo "## host $i"
+    "$IPR/ip" netns exec "mccl-t0-h$i" cat /proc/net/snmp /proc/net/netstat
+    "$IPR/tc" -s -n "mccl-t0-h$i" qdisc show dev eth0
+    "$IPR/tc" -s qdisc show dev "mccl-t0-v$i"
+  done > "$1" 2>&1
+}
+sample_ss() {  # sample_ss FILE: host 1's TCP connections every 20 ms until killed
+  while :; do
+    echo "@ $(date +%s.%N)"
+    "$IPR/ip" netns exec mccl-t0-h1 "$IPR/ss" -tin state established
+    sleep 0.02
+  done > "$1" 2>&1
+}
+B="$PY -m mccl.bench"
+up "${HOSTS:-8}"
+for st in ${STAGES:-base tcp trace cost trace4}; do
+  echo "=== $st $(date +%T)"
+  case $st in
+    base) $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
+            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base.json" > "$RES/base.txt" 2>&1
+          tail -25 "$RES/base.txt" ;;
+    tcp) mkdir -p "$RES/net"
+         for b in mccl gloo; do
+           snap "$RES/net/1-$b-before.txt"
+           sample_ss "$RES/net/ss-$b.txt" & sp=$!
+           $B --cluster t0 --backends $b --goodput "$GP" --ops all_reduce --sizes 64M -n "${NTCP:-10}" -w 1 \
+             --json "$RES/net/1-$b.json" > "$RES/net/1-$b.txt" 2>&1
+           kill $sp; wait $sp 2>/dev/null
+           snap "$RES/net/1-$b-after.txt"
+         done
+         "$PY" bench/netdiag.py "$RES/net" 1-mccl 1-gloo | tee "$RES/net/counters.txt" ;;
+    trace) mkdir -p "$RES/trace8"
+           MCCL_TRACE=$RES/trace8/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
+             --json "$RES/trace8/bench.json" > "$RES/trace8/bench.txt" 2>&1
+           "$PY" -m mccl.trace summary "$RES"/trace8/t.*.json --json "$RES/trace8/summary.json" \
+             > "$RES/trace8/summary.txt" 2>&1; tail -3 "$RES/trace8/summary.txt" ;;
+    cost) for r in $(seq 1 "${COST_ROUNDS:-3}"); do for on in 0 1; do
+            if [ $on = 1 ]; then tr=$RES/cost/t$r; mkdir -p "$RES/cost"; else tr=; fi
+            MCCL_TRACE=$tr $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce,all_gather --sizes 64K,1M,16M,64M \
+              -n 8 --json "$RES/cost-$r-$on.json" > "$RES/cost-$r-$on.txt" 2>&1
+            rm -f "$RES"/cost/t$r.*; done; done ;;
+    trace4) up 4; mkdir -p "$RES/trace4"
+            MCCL_TRACE=$RES/trace4/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
+              --json "$RES/trace4/bench.json" > "$RES/trace4/bench.txt" 2>&1
+            "$PY" -m mccl.trace summary "$RES"/trace4/t.*.json --json "$RES/trace4/summary.json" \
+              > "$RES/trace4/summary.txt" 2>&1; tail -3 "$RES/trace4/summary.txt"
+            $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes 64M --rounds 3 -n 8 \
+              --json "$RES/trace4/rounds.json" > "$RES/trace4/rounds.txt" 2>&1; tail -8 "$RES/trace4/rounds.txt" ;;
+    *) echo "device_trace.sh: unknown stage '$st'" >&2; exit 2 ;;
+  esac
+done
+# keep the traces small enough to come back: rank 0's and rank 1's of each traced run, compressed
+for d in "$RES"/trace8 "$RES"/trace4; do
+  [ -d "$d" ] || continue
+  for f in "$d"/t.*.json; do case $f in *rank0.json|*rank1.json) gzip -9 "$f" ;; *) rm -f "$f" ;; esac; done
+done
+echo "results in $RES"
