@@ -4,10 +4,12 @@
 # $OUT (the device tool's return folder). Carry .tools/iproute (bench/bundle_iproute.sh: ip, tc,
 # ss, iperf3). Stages (STAGES, in this order by default):
 #   base      mccl and gloo alternating round by round (--rounds ROUNDS), all-reduce SIZES
+#   st0       the same with MCCL_SEND_THREAD=0 (sends on the engine thread: one thread fewer)
+#   pinned    the cluster again, each host pinned to 2 CPUs of its own, then as base
 #   tcp       per backend: each host's TCP counters and tc counters before and after NTCP
 #             64 MiB all-reduces (bench/netdiag.py reads them), and `ss -tin` of host 1's
 #             connections sampled every 20 ms while they run (cwnd, rtt, retransmits, pacing)
-#   trace     MCCL_TRACE on the 8 hosts: 64 MiB all-reduce, -n 5, and `python -m mccl.trace summary`
+#   trace     MCCL_TRACE on the cluster as it is (trace8, or trace8p2 after pinned): 64 MiB all-reduce, -n 5, and `python -m mccl.trace summary`
 #   cost      the trace's cost: invocations alternating MCCL_TRACE unset / set, COST_ROUNDS times
 #   trace4    the cluster again with 4 hosts: the trace of 64 MiB all-reduces and its summary,
 #             and mccl / gloo alternating at 64 MiB (last: it replaces the 8-host cluster)
@@ -22,12 +24,12 @@ export PYTHONPATH=$PWD/python IPROUTE_DIR=$PWD/.tools/iproute
 IPR=$IPROUTE_DIR
 cl() { "$PY" -m mccl.cluster --iproute-dir "$IPR" "$@"; }
 trap 'cl down --id t0 >/dev/null 2>&1; tar czf "${OUT:-/tmp}/results.tgz" "$RES"' EXIT
-up() {  # up HOSTS: a fresh cluster t0 and its goodput in $GP
+up() {  # up HOSTS [CPUS]: a fresh cluster t0 (each host pinned to CPUS CPUs of its own) and its goodput in $GP
   cl down --id t0 >/dev/null 2>&1
-  cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" > "$RES/cluster-$1.txt"
+  cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" ${2:+--cpus-per-host $2} > "$RES/cluster-$1.txt"
   cl goodput --id t0 --seconds 5 | tee -a "$RES/cluster-$1.txt"
   GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster-$1.txt" | head -1 | cut -d' ' -f1)gbit
-  NH=$1
+  NH=$1; TAG=$1${2:+p$2}  # e.g. 8, or 8p2 when pinned
 }
 snap() {  # snap FILE: TCP and tc counters of every host (the format bench/netdiag.py reads)
   for i in $(seq 0 $((NH - 1))); do
@@ -45,6 +47,13 @@ sample_ss() {  # sample_ss FILE: host 1's TCP connections every 20 ms until kill
   done > "$1" 2>&1
 }
 B="$PY -m mccl.bench"
+trace_run() {  # MCCL_TRACE on the cluster as it is: 64 MiB all-reduces, their summary in $RES/trace$TAG
+  T=$RES/trace$TAG; mkdir -p "$T"
+  MCCL_TRACE=$T/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
+    --json "$T/bench.json" > "$T/bench.txt" 2>&1
+  "$PY" -m mccl.trace summary "$T"/t.*.json --json "$T/summary.json" > "$T/summary.txt" 2>&1
+  tail -3 "$T/summary.txt"
+}
 up "${HOSTS:-8}"
 for st in ${STAGES:-base tcp trace cost trace4}; do
   echo "=== $st $(date +%T)"
@@ -52,6 +61,13 @@ for st in ${STAGES:-base tcp trace cost trace4}; do
     base) $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
             --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base.json" > "$RES/base.txt" 2>&1
           tail -25 "$RES/base.txt" ;;
+    st0) MCCL_SEND_THREAD=0 $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
+            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/st0.json" > "$RES/st0.txt" 2>&1
+          tail -12 "$RES/st0.txt" ;;
+    pinned) up "$NH" 2
+          $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
+            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/pinned.json" > "$RES/pinned.txt" 2>&1
+          tail -12 "$RES/pinned.txt" ;;
     tcp) mkdir -p "$RES/net"
          for b in mccl gloo; do
            snap "$RES/net/1-$b-before.txt"
@@ -62,29 +78,17 @@ for st in ${STAGES:-base tcp trace cost trace4}; do
            snap "$RES/net/1-$b-after.txt"
          done
          "$PY" bench/netdiag.py "$RES/net" 1-mccl 1-gloo | tee "$RES/net/counters.txt" ;;
-    trace) mkdir -p "$RES/trace8"
-           MCCL_TRACE=$RES/trace8/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
-             --json "$RES/trace8/bench.json" > "$RES/trace8/bench.txt" 2>&1
-           "$PY" -m mccl.trace summary "$RES"/trace8/t.*.json --json "$RES/trace8/summary.json" \
-             > "$RES/trace8/summary.txt" 2>&1; tail -3 "$RES/trace8/summary.txt" ;;
+    trace) trace_run ;;
     cost) for r in $(seq 1 "${COST_ROUNDS:-3}"); do for on in 0 1; do
             if [ $on = 1 ]; then tr=$RES/cost/t$r; mkdir -p "$RES/cost"; else tr=; fi
             MCCL_TRACE=$tr $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce,all_gather --sizes 64K,1M,16M,64M \
               -n 8 --json "$RES/cost-$r-$on.json" > "$RES/cost-$r-$on.txt" 2>&1
             rm -f "$RES"/cost/t$r.*; done; done ;;
-    trace4) up 4; mkdir -p "$RES/trace4"
-            MCCL_TRACE=$RES/trace4/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
-              --json "$RES/trace4/bench.json" > "$RES/trace4/bench.txt" 2>&1
-            "$PY" -m mccl.trace summary "$RES"/trace4/t.*.json --json "$RES/trace4/summary.json" \
-              > "$RES/trace4/summary.txt" 2>&1; tail -3 "$RES/trace4/summary.txt"
+    trace4) up 4; trace_run
             $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes 64M --rounds 3 -n 8 \
               --json "$RES/trace4/rounds.json" > "$RES/trace4/rounds.txt" 2>&1; tail -8 "$RES/trace4/rounds.txt" ;;
     *) echo "device_trace.sh: unknown stage '$st'" >&2; exit 2 ;;
   esac
 done
-# keep the traces small enough to come back: rank 0's and rank 1's of each traced run, compressed
-for d in "$RES"/trace8 "$RES"/trace4; do
-  [ -d "$d" ] || continue
-  for f in "$d"/t.*.json; do case $f in *rank0.json|*rank1.json) gzip -9 "$f" ;; *) rm -f "$f" ;; esac; done
-done
+gzip -9 "$RES"/trace*/t.*.json 2>/dev/null  # every rank's trace, compressed (about 0.25 MB each)
 echo "results in $RES"
