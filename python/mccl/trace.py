@@ -4,6 +4,8 @@ Each rank writes ``<prefix>.<communicator>.rank<r>.json``, a Chrome / Perfetto t
 ui.perfetto.dev, or summarise it here::
 
     python -m mccl.trace summary /tmp/t.group_0.rank*.json [--json out.json] [--top 5]
+    python -m mccl.trace gap /tmp/t.group_0.rank*.json --goodput 4.963gbit [--skip 3]
+    python -m mccl.trace gap summary.json --goodput 4.963gbit      # or a summary's --json output
 
 For every collective on every rank, and each link (one direction to one peer) it used, the summary
 gives the time the link was *pending* (from the first frame posted on it to the last frame done),
@@ -238,6 +240,94 @@ def report(summaries: list[CollectiveSummary], top: int, stream=sys.stdout) -> N
         print(f"receive links idle while pending, all collectives: {total / 1e3:.3f} ms: {parts}", file=stream)
 
 
+@dataclass
+class GapRow:
+    """One collective across every rank of a communicator, against the wire's bound. Times in us.
+
+    ``period`` runs from the previous collective's last end (on any rank) to this one's last end:
+    the time a back-to-back loop pays per collective. It is the sum of ``launch`` (previous last
+    end to this first start: the caller's turnaround, negative when ranks overlap), ``skew`` (first
+    start to last start) and ``after_last_start`` (last start to last end); the last is the
+    ``bound`` (bytes of the busiest receive link at the goodput) plus ``excess``. ``recv_idle`` and
+    ``recv_busy`` are means over ranks of their busiest receive link's idle and busy time.
+    """
+
+    seq: int
+    name: str
+    ranks: int
+    link_bytes: int
+    bound: float
+    period: float | None
+    launch: float | None
+    skew: float
+    after_last_start: float
+    excess: float
+    end_spread: float
+    recv_idle: float
+    recv_busy: float
+    late_rank: int
+
+
+def gaps(summaries: list[CollectiveSummary], goodput_bps: float) -> list[GapRow]:
+    """Per collective (by sequence number), the decomposition of :class:`GapRow`.
+
+    ``goodput_bps`` is the link's measured goodput in bits per second (``mccl.cluster goodput``);
+    the bound of a collective is the bytes its busiest receive link carried divided by it.
+    """
+    by_seq: dict[int, list[CollectiveSummary]] = defaultdict(list)
+    for c in summaries:
+        by_seq[c.seq].append(c)
+    rows, prev_end = [], None
+    for seq in sorted(by_seq):
+        cs = by_seq[seq]
+        starts = [c.start_us for c in cs]
+        ends = [c.start_us + c.dur_us for c in cs]
+        busiest = [max((l for l in c.links if l.track.startswith("recv")), key=lambda l: l.bytes, default=None)
+                   for c in cs]
+        busiest = [l for l in busiest if l is not None]
+        link_bytes = max((l.bytes for l in busiest), default=0)
+        bound = link_bytes * 8 / goodput_bps * 1e6
+        last_end, last_start = max(ends), max(starts)
+        after = last_end - last_start
+        late = max(cs, key=lambda c: c.start_us + c.dur_us).rank
+        rows.append(GapRow(seq=seq, name=cs[0].name, ranks=len(cs), link_bytes=link_bytes, bound=bound,
+                           period=None if prev_end is None else last_end - prev_end,
+                           launch=None if prev_end is None else min(starts) - prev_end,
+                           skew=last_start - min(starts), after_last_start=after, excess=after - bound,
+                           end_spread=last_end - min(ends),
+                           recv_idle=sum(l.idle_us for l in busiest) / max(1, len(busiest)),
+                           recv_busy=sum(l.busy_us for l in busiest) / max(1, len(busiest)),
+                           late_rank=late))
+        prev_end = last_end
+    return rows
+
+
+def report_gaps(rows: list[GapRow], skip: int, stream=None) -> None:
+    """Print :func:`gaps`' rows, then the mean of the rows after the first ``skip`` (a benchmark's
+    check pass and warm-up) that have a period. ``stream``: default sys.stdout."""
+    stream = stream or sys.stdout
+    def ms(v):
+        return f"{'-':>8}" if v is None else f"{v / 1e3:8.2f}"
+    print(f"{'seq':>4} {'collective':<16} {'ranks':>5} {'MiB/link':>8} {'bound':>8} {'period':>8} {'launch':>8} "
+          f"{'skew':>8} {'after':>8} {'excess':>8} {'endsprd':>8} {'r.idle':>8} {'r.busy':>8} {'last':>4}"
+          "   (ms; after = last start to last end = bound + excess)", file=stream)
+    for r in rows:
+        print(f"{r.seq:>4} {r.name:<16} {r.ranks:>5} {r.link_bytes / 2**20:8.2f} {ms(r.bound)} {ms(r.period)} "
+              f"{ms(r.launch)} {ms(r.skew)} {ms(r.after_last_start)} {ms(r.excess)} {ms(r.end_spread)} "
+              f"{ms(r.recv_idle)} {ms(r.recv_busy)} {r.late_rank:>4}", file=stream)
+    kept = [r for r in rows[skip:] if r.period is not None]
+    if not kept:
+        return
+    def mean(f):
+        return sum(f(r) for r in kept) / len(kept)
+    period, bound = mean(lambda r: r.period), mean(lambda r: r.bound)
+    print(f"mean of {len(kept)} collectives after the first {skip}: period {period / 1e3:.2f} ms = bound "
+          f"{bound / 1e3:.2f} ms ({100 * bound / period:.1f}% of the period) + launch {mean(lambda r: r.launch) / 1e3:.2f}"
+          f" + start skew {mean(lambda r: r.skew) / 1e3:.2f} + excess after the last start "
+          f"{mean(lambda r: r.excess) / 1e3:.2f} ms; busiest receive links idle {mean(lambda r: r.recv_idle) / 1e3:.2f}"
+          f" ms while pending, busy {mean(lambda r: r.recv_busy) / 1e3:.2f} ms", file=stream)
+
+
 def _as_json(summaries: list[CollectiveSummary]) -> list[dict]:
     out = []
     for c in summaries:
@@ -252,6 +342,29 @@ def _as_json(summaries: list[CollectiveSummary]) -> list[dict]:
     return out
 
 
+def _is_summary(path: str) -> bool:
+    """Whether a file is the JSON of ``summary --json`` (a list) rather than a trace (an object)."""
+    with open(path) as f:
+        return f.read(64).lstrip().startswith("[")
+
+
+def _from_json(rows: list[dict]) -> list[CollectiveSummary]:
+    """The summaries that :func:`_as_json` wrote (``summary --json``)."""
+    out = []
+    for r in rows:
+        links = []
+        for l in r["links"]:
+            link = LinkSummary(track=l["track"])
+            for k in ("bytes", "frames", "pending_us", "busy_us", "queued_us", "window_us", "parked_frames",
+                      "parked_bytes", "bubbles_us", "bubble_count"):
+                setattr(link, k, l[k])
+            links.append(link)
+        out.append(CollectiveSummary(rank=r["rank"], name=r["name"], seq=r["seq"], coll=r["coll"], count=r["count"],
+                                     dtype=r["dtype"], start_us=r["start_us"], dur_us=r["dur_us"],
+                                     reduce_us=r["reduce_us"], links=links))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mccl.trace", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -259,15 +372,37 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("files", nargs="+", help="trace files (<prefix>.<communicator>.rank<r>.json)")
     s.add_argument("--json", default=None, help="also write the summary as JSON to this file")
     s.add_argument("--top", type=int, default=len(CAUSES), help="causes to list in the last line")
+    g = sub.add_parser("gap", help="per collective across ranks: its period against the wire's bound "
+                                   "(launch gap, start skew, excess after the last start)")
+    g.add_argument("files", nargs="+", help="trace files of one communicator, every rank's, or the JSON "
+                   "that `summary --json` wrote for them")
+    g.add_argument("--goodput", required=True,
+                   help="the link's measured goodput, a tc rate (e.g. 4.963gbit: mccl.cluster goodput)")
+    g.add_argument("--skip", type=int, default=3, help="collectives left out of the mean (default 3: "
+                   "mccl.bench -w 1's check pass, warm-up, and first timed collective, whose period holds "
+                   "the benchmark's own pause before timing)")
     args = p.parse_args(argv)
-    traces = []
+    traces, summaries = [], []
     for path in args.files:
         try:
-            traces.append(load(path))
-        except (OSError, ValueError) as exc:
+            if args.cmd == "gap" and path.endswith(".json") and _is_summary(path):
+                with open(path) as f:
+                    summaries += _from_json(json.load(f))
+            else:
+                traces.append(load(path))
+        except (OSError, ValueError, KeyError) as exc:
             print(f"mccl.trace: cannot read {path}: {exc}", file=sys.stderr)
             return 2
-    summaries = summarize_all(traces)
+    summaries += summarize_all(traces)
+    if args.cmd == "gap":
+        from mccl.cluster import parse_rate
+        try:
+            goodput = parse_rate(args.goodput)
+        except ValueError as exc:
+            print(f"mccl.trace: --goodput: {exc}", file=sys.stderr)
+            return 2
+        report_gaps(gaps(summaries, goodput), args.skip)
+        return 0
     report(summaries, args.top)
     if args.json:
         with open(args.json, "w") as f:

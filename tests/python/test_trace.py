@@ -106,3 +106,37 @@ def test_collectives_appear_in_torch_profiler():
     for v in check_ok(run_ranks(_profiled, 2, deadline_s=60)):
         assert v["names"] == ["mccl:all_gather_into_tensor", "mccl:all_reduce", "mccl:broadcast"], v
         assert v["closed"], v
+
+
+def _coll(rank: int, seq: int, start: float, dur: float, recv_bytes: int, busy: float) -> "trace.CollectiveSummary":
+    link = trace.LinkSummary(track=f"recv from rank {1 - rank}", bytes=recv_bytes, frames=4,
+                             pending_us=dur, busy_us=busy)
+    return trace.CollectiveSummary(rank=rank, name=f"allreduce #{seq}", seq=seq, coll="allreduce", count=1,
+                                   dtype="float32", start_us=start, dur_us=dur, reduce_us=0.0,
+                                   links=[link, trace.LinkSummary(track=f"send to rank {1 - rank}", bytes=8)])
+
+
+def test_gap_decomposes_each_period_against_the_wire_bound(tmp_path, capsys):
+    # 2 ranks, 3 collectives; each receive link carries 1e6 bytes, 8 ms at 1 Gbit/s (the bound).
+    # seq 0: both start at 0; rank 1 ends at 9000 us.
+    # seq 1: rank 0 starts at 9500, rank 1 at 10000; they end at 19000 and 20000.
+    # seq 2: both start at 20000 and end at 28000.
+    rows = [_coll(0, 0, 0, 8500, 10**6, 8000), _coll(1, 0, 0, 9000, 10**6, 8000),
+            _coll(0, 1, 9500, 9500, 10**6, 8000), _coll(1, 1, 10000, 10000, 10**6, 9000),
+            _coll(0, 2, 20000, 8000, 10**6, 7000), _coll(1, 2, 20000, 8000, 10**6, 7000)]
+    g = trace.gaps(rows, 1e9)
+    assert [r.seq for r in g] == [0, 1, 2] and all(r.ranks == 2 and r.bound == 8000 for r in g)
+    assert g[0].period is None and g[0].launch is None and g[0].excess == 1000 and g[0].late_rank == 1
+    # seq 1: period 20000 - 9000 = 11000 = launch 500 + skew 500 + after 10000 (= bound 8000 + excess 2000)
+    assert (g[1].period, g[1].launch, g[1].skew, g[1].after_last_start, g[1].excess) == (11000, 500, 500, 10000, 2000)
+    assert g[1].end_spread == 1000 and g[1].recv_busy == 8500 and g[1].recv_idle == 1250  # (1500 + 1000) / 2
+    assert (g[2].period, g[2].launch, g[2].skew, g[2].excess) == (8000, 0, 0, 0)
+    for r in g[1:]:
+        assert r.period == r.launch + r.skew + r.bound + r.excess
+    # The command reads a summary's JSON as well as traces; the mean leaves out --skip rows.
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(trace._as_json(rows)))
+    assert trace.main(["gap", str(path), "--goodput", "1gbit", "--skip", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "mean of 2 collectives after the first 1: period 9.50 ms = bound 8.00 ms (84.2% of the period)" in out
+    assert trace.main(["gap", str(path), "--goodput", "fast"]) == 2
