@@ -129,7 +129,8 @@ mcclResult_t mcclAgree(mcclAlgoCtx* ctx, const mcclOp* op);
  *    the receives of rounds 0..k-1 (mcclTransportPostAfter: it leaves once those frames arrived
  *    and matched): the chain of checks, without waiting in the algorithm. ceil(log2 n) hops,
  *    2 ceil(log2 n) frames per rank, connections to 2 ceil(log2 n) peers. A link that also
- *    carries data (or a point-to-point message) carries it behind the agreement.
+ *    carries data carries it behind the agreement; a point-to-point message posted meanwhile
+ *    overtakes a gated frame (transport/tcp.c, p2pBehindGate).
  * `enabled` 0: done at once, nothing posted. */
 typedef struct {
   mcclXfer* x;       /* n transfers: sends, then receives */

@@ -201,8 +201,45 @@ void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* g
   postSend(t, peer, x, gate, ngate);
 }
 
-/* The head send of `c` may be written now: there is one, and its gates are open. */
-static int sendable(const mcclConn* c) { return c->sq_head != NULL && gatesOpen(c->sq_head); }
+/* The first point-to-point frame behind a gated head of `c`, and the one before it (for
+ * unlinking), or NULL. A point-to-point frame need not wait for a collective's gated frame: the
+ * receiver matches P2P frames by their own (source, tag) order in core/p2p.c, not by their place
+ * among collective frames, and every earlier P2P frame of the queue has left already (the queue
+ * is FIFO up to the gated head, and this picks the first P2P frame behind it). Collective frames
+ * behind the gate keep their order. Caller holds the sender's lock when there is a thread. */
+static mcclXfer* p2pBehindGate(const mcclConn* c, mcclXfer** before) {
+  mcclXfer* prev = c->sq_head;
+  if (prev == NULL || gatesOpen(prev)) return NULL;
+  for (mcclXfer* x = prev->next; x != NULL; prev = x, x = x->next)
+    if (x->frame.type == MCCL_FRAME_P2P && x->ngate == 0) {
+      *before = prev;
+      return x;
+    }
+  return NULL;
+}
+
+/* The send to write next on `c`, or NULL: the head when its gates are open, else a P2P frame
+ * behind the gated head (p2pBehindGate), which it moves to the head first: from then on it is the
+ * frame being written, and a socket that fills mid-frame resumes it before anything else. A gated
+ * head has not started (gatesOpen is checked before its first byte), so nothing is cut. */
+static mcclXfer* nextSend(mcclConn* c) {
+  mcclXfer* h = c->sq_head;
+  if (h == NULL || gatesOpen(h)) return h;
+  mcclXfer* before = NULL;
+  mcclXfer* x = p2pBehindGate(c, &before);
+  if (x == NULL) return NULL;
+  before->next = x->next;
+  if (c->sq_tail == x) c->sq_tail = before;
+  x->next = h;
+  c->sq_head = x;
+  return x;
+}
+
+/* A send of `c` may be written now (nextSend would find one). */
+static int sendable(const mcclConn* c) {
+  mcclXfer* before;
+  return c->sq_head != NULL && (gatesOpen(c->sq_head) || p2pBehindGate(c, &before) != NULL);
+}
 
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   mcclConn* c = &t->conns[peer];
@@ -229,9 +266,9 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
   mcclSender* s = t->sender;
   for (;;) {
     if (s != NULL) pthread_mutex_lock(&s->mu);
-    mcclXfer* x = c->sq_head;
+    mcclXfer* x = nextSend(c); /* a gated head holds the collective frames behind it */
     if (s != NULL) pthread_mutex_unlock(&s->mu);
-    if (x == NULL || !gatesOpen(x)) return 0; /* a gated head holds the rest of its queue */
+    if (x == NULL) return 0;
     size_t before = x->done;
     ssize_t n = frameWrite(c->fd, x);
     if (n < 0) {
@@ -667,7 +704,9 @@ static void describeStall(mcclTransport* t) {
     mcclConn* c = &t->conns[r];
     char desc[200];
     if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
-      mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
+      mcclXfer* before;
+      mcclXfer* x = gatesOpen(c->sq_head) ? c->sq_head : p2pBehindGate(c, &before);
+      mcclFrameDescribe(&x->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
                "that rank is stalled or issued different collectives",

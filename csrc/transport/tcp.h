@@ -4,7 +4,9 @@
  * transfers (one frame each) on a peer's send or receive queue and calls mcclTransportProgress
  * until they complete. Each queue is FIFO, so frames leave and land in posting order, which is
  * the same order on every rank. A send may be gated on receives (mcclTransportPostAfter): it
- * keeps its place, and it and the sends behind it on its link wait until those have arrived.
+ * keeps its place, and it and the collective sends behind it on its link wait until those have
+ * arrived; a point-to-point frame queued behind it overtakes it (the receiver matches those by
+ * (source, tag) order, core/p2p.c), in its own posting order.
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
  * posted, while its park (park.h) has room for the collective frame that arrives next: a rank that
@@ -204,8 +206,8 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
 
 /* mcclTransportPostSend for a frame that must not leave before the receives gate[0..ngate-1]
  * (posted on this transport, kept until this send completes) have completed: it takes its place
- * in the link's order now, and it and what is queued behind it on its link go out once the
- * gates' frames have arrived (and so matched). The transport lets it go by itself, whoever waits
+ * in the link's order now, and it and the collective frames queued behind it on its link go out
+ * once the gates' frames have arrived (and so matched); P2P frames behind it go out meanwhile. The transport lets it go by itself, whoever waits
  * meanwhile: an algorithm fixes the order of a link at once, while the frame's departure follows
  * other links' arrivals (the agreement's chain, algo.h). */
 void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate);

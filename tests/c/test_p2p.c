@@ -1,8 +1,8 @@
 /*
  * test_p2p.c: send/recv matched per (sender, tag) in order and independent of the collective
  * sequence: uneven point-to-point traffic, messages parked before their receive is posted, any-
- * source receives, receives posted before collectives that the send follows, size mismatches and
- * a receive that times out alone.
+ * source receives, receives posted before collectives that the send follows, size mismatches, a
+ * receive that times out alone, and a send that overtakes a collective's gated agreement frame.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -97,11 +97,48 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     EXPECT_OK(comm, mcclAllReduce(&f, &f, 1, mcclFloat32, mcclSum, comm, NULL, NULL));
     EXPECT(f == 3.0f * (float)n, "all-reduce after p2p errors: %g", f);
   }
+  /* 5. A send issued after an asynchronous ring all-reduce, which its receiver waits for before it
+   * joins that all-reduce. With the agreement by dissemination (MCCL_ANNOUNCE_RANKS below n; the
+   * ctest pass with MCCL_ANNOUNCE_RANKS=0), rank 0's last round frame goes to ring position
+   * w = 2^(K-1), K = ceil(log2 n), gated on receives from positions -2^j, j < K-1; when n - w is
+   * one of those (n = 3, 5, 6 here), that gate waits for w itself, so the send must overtake the
+   * gated frame on the link 0 -> w (transport/tcp.c, p2pBehindGate) or both ranks time out. */
+  int K = 0;
+  while ((1 << K) < n) K++;
+  int w = K >= 2 ? 1 << (K - 1) : 0, back = n - w;
+  if (K >= 2 && back < w && (back & (back - 1)) == 0) {
+    const size_t count = 1u << 20; /* 4 MiB: the ring, far above MCCL_RING_THRESHOLD */
+    float* v = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) v[i] = (float)(r + (int)(i % 7));
+    mcclOpOptions_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.timeout_ms = 10000;
+    int64_t note = 500 + r, got = -1;
+    if (r == 0) {
+      mcclRequest_t ar;
+      EXPECT_OK(comm, mcclAllReduce(v, v, count, mcclFloat32, mcclSum, comm, &opts, &ar));
+      EXPECT_OK(comm, mcclSend(&note, 1, mcclInt64, w, 21, comm, &opts, NULL));
+      mcclResult_t res = mcclWait(ar, 20000);
+      EXPECT(res == mcclSuccess, "rank 0: all-reduce behind its send: %s: %s", mcclGetErrorString(res),
+             mcclRequestError(ar));
+      mcclRequestFree(ar);
+    } else {
+      if (r == w) {
+        EXPECT_OK(comm, mcclRecv(&got, 1, mcclInt64, 0, 21, comm, &opts, NULL));
+        EXPECT(got == 500, "rank %d: got %lld from rank 0", r, (long long)got);
+      }
+      EXPECT_OK(comm, mcclAllReduce(v, v, count, mcclFloat32, mcclSum, comm, &opts, NULL));
+    }
+    size_t bad = 0; /* sum over ranks q of (q + i % 7) */
+    for (size_t i = 0; i < count; i++) bad += v[i] != (float)(n * (n - 1) / 2 + n * (int)(i % 7));
+    EXPECT(bad == 0, "rank %d: %zu wrong after the all-reduce the send overtook", r, bad);
+    free(v);
+  }
   int32_t x = 0;
   EXPECT(mcclSend(&x, 1, mcclInt32, r, 0, comm, NULL, NULL) == mcclInvalidArgument, "send to self");
   EXPECT(mcclRecv(&x, 1, mcclInt32, n, 0, comm, NULL, NULL) == mcclInvalidArgument, "recv from rank n");
   EXPECT(mcclSend(&x, 1, mcclInt32, 0, -1, comm, NULL, NULL) == mcclInvalidArgument, "negative tag");
-  /* 5. A receive still pending at destroy fails (destroyed, or the peer left first) and does not
+  /* 6. A receive still pending at destroy fails (destroyed, or the peer left first) and does not
    * hold destroy up for its 60 s timeout. */
   mcclRequest_t pending = NULL;
   if (n > 1 && r == 0) EXPECT_OK(comm, mcclRecv(&x, 1, mcclInt32, 1, 77, comm, NULL, &pending));

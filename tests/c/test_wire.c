@@ -693,9 +693,9 @@ static void testGatedSend(int sender_thread) {
   if (lb.comm == NULL) return;
   mcclTransport* tp = &lb.comm->tp;
   if (sender_thread) EXPECT(mcclTransportStartSender(tp) == mcclSuccess, "sender thread: %s", tp->error);
-  mcclXfer x[4]; /* two gate receives, the gated send, a send behind it */
+  mcclXfer x[5]; /* two gate receives, the gated send, a send behind it, a P2P frame behind both */
   memset(x, 0, sizeof(x));
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     x[i].frame.coll = MCCL_COLL_BROADCAST;
     x[i].frame.dtype = mcclInt32;
     x[i].frame.count = 1;
@@ -705,7 +705,9 @@ static void testGatedSend(int sender_thread) {
   mcclTransportPostRecv(tp, 1, &x[1]);
   mcclTransportPostAfter(tp, 1, &x[2], &x[0], 2);
   mcclTransportPostSend(tp, 1, &x[3]);
-  uint8_t hdr[2][MCCL_FRAME_BYTES], got[2 * MCCL_FRAME_BYTES];
+  x[4].frame.type = MCCL_FRAME_P2P;
+  mcclTransportPostSend(tp, 1, &x[4]);
+  uint8_t hdr[2][MCCL_FRAME_BYTES], got[3 * MCCL_FRAME_BYTES];
   mcclFrame f0 = x[0].frame, f1 = x[1].frame;
   mcclFrameEncode(hdr[0], &f0);
   mcclFrameEncode(hdr[1], &f1);
@@ -720,18 +722,25 @@ static void testGatedSend(int sender_thread) {
     if (n > 0) have += (size_t)n;
   }
   EXPECT(res == mcclSuccess && x[0].complete && !x[1].complete, "first gate: %s %s", mcclGetErrorString(res), tp->error);
-  EXPECT(have == 0 && !x[2].complete && !x[3].complete, "thread %d: %zu bytes left before the second gate",
-         sender_thread, have);
+  /* Only the P2P frame overtakes the gated send (docs/algorithms.md); the collective frame
+   * behind the gate waits. */
+  mcclFrame p;
+  EXPECT(have == MCCL_FRAME_BYTES && mcclFrameDecode(got, &p) == 0 && p.type == MCCL_FRAME_P2P,
+         "thread %d: %zu bytes left before the second gate (the P2P frame's %d expected)", sender_thread, have,
+         MCCL_FRAME_BYTES);
+  EXPECT(x[4].complete && !x[2].complete && !x[3].complete, "thread %d: only the P2P send completed", sender_thread);
+  have = 0;
   /* The second gate: the gated send, then the one behind it. */
   loopbackWrite(&lb, hdr[1], MCCL_FRAME_BYTES);
   until = seconds() + 5;
-  while (seconds() < until && res == mcclSuccess && have < sizeof(got)) {
+  while (seconds() < until && res == mcclSuccess && have < 2 * MCCL_FRAME_BYTES) {
     res = loopbackDrain(&lb, 10);
     ssize_t n = recv(lb.peer_fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
     if (n > 0) have += (size_t)n;
   }
   mcclFrame a, b;
-  int ok = have == sizeof(got) && mcclFrameDecode(got, &a) == 0 && mcclFrameDecode(got + MCCL_FRAME_BYTES, &b) == 0;
+  int ok = have == 2 * MCCL_FRAME_BYTES && mcclFrameDecode(got, &a) == 0 &&
+           mcclFrameDecode(got + MCCL_FRAME_BYTES, &b) == 0;
   EXPECT(ok && a.step == MCCL_STEP_CONTROL + 2 && b.step == MCCL_STEP_CONTROL + 3,
          "thread %d: after both gates %zu bytes, steps in order: %d", sender_thread, have, ok);
   until = seconds() + 5;
