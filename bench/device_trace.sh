@@ -2,19 +2,20 @@
 # One device call for issue 17's link-level questions: what the 8-host ring's links did during
 # large all-reduces, next to gloo's, and what the trace costs. Everything lands in one tarball in
 # $OUT (the device tool's return folder). Carry .tools/iproute (bench/bundle_iproute.sh: ip, tc,
-# ss, iperf3). Stages (STAGES, in this order by default):
+# ss, iperf3). Stages (STAGES, in order; default "base tcp trace cost trace4"); a stage
+# NAME@VAR=VAL[,VAR=VAL] runs with those variables set, and its files carry them in their names:
 #   base      mccl and gloo alternating round by round (--rounds ROUNDS), all-reduce SIZES
-#   st0       the same with MCCL_SEND_THREAD=0 (sends on the engine thread: one thread fewer)
-#   pinned    the cluster again, each host pinned to 2 CPUs of its own, then as base
-#   tcp       per backend: each host's TCP counters and tc counters before and after NTCP
-#             64 MiB all-reduces (bench/netdiag.py reads them), and `ss -tin` of host 1's
-#             connections sampled every 20 ms while they run (cwnd, rtt, retransmits, pacing)
-#   trace     MCCL_TRACE on the cluster as it is (trace8, or trace8p2 after pinned): 64 MiB all-reduce, -n 5, and `python -m mccl.trace summary`
+#   pin       the cluster again, each host pinned to 2 CPUs of its own (later stages run on it)
+#   tcp       per run of TCP_RUNS ("mccl gloo"; a run may be BACKEND@VAR=VAL): each host's TCP and
+#             tc counters before and after NTCP 64 MiB all-reduces (bench/netdiag.py reads them),
+#             and `ss -tin` of host 1's connections sampled every 20 ms while they run
+#   trace     MCCL_TRACE on the cluster as it is: 64 MiB all-reduce, -n 5, `python -m mccl.trace
+#             summary`; `python -m mccl.trace gap <dir>/summary.json --goodput G` decomposes it
 #   cost      the trace's cost: invocations alternating MCCL_TRACE unset / set, COST_ROUNDS times
 #   trace4    the cluster again with 4 hosts: the trace of 64 MiB all-reduces and its summary,
 #             and mccl / gloo alternating at 64 MiB (last: it replaces the 8-host cluster)
-# Usage on the device: STAGES="base trace" bash bench/device_trace.sh (HOSTS, RATE: 8, 5gbit;
-# PY: python3; here: PY=.venv/bin/python HOSTS=3 RATE=1gbit ...)
+# Usage on the device: STAGES="base base@MCCL_SEND_THREAD=0 pin base" bash bench/device_trace.sh
+# (HOSTS, RATE: 8, 5gbit; PY: python3; here: PY=.venv/bin/python HOSTS=3 RATE=1gbit ...)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -47,38 +48,41 @@ sample_ss() {  # sample_ss FILE: host 1's TCP connections every 20 ms until kill
   done > "$1" 2>&1
 }
 B="$PY -m mccl.bench"
-trace_run() {  # MCCL_TRACE on the cluster as it is: 64 MiB all-reduces, their summary in $RES/trace$TAG
-  T=$RES/trace$TAG; mkdir -p "$T"
-  MCCL_TRACE=$T/t $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
+trace_run() {  # trace_run [SUFFIX]: MCCL_TRACE on the cluster as it is (with the stage's ENVS): 64 MiB
+  T=$RES/trace$TAG${1:-}; mkdir -p "$T"  # all-reduces, their summary in $RES/trace<TAG><SUFFIX>
+  MCCL_TRACE=$T/t env "${ENVS[@]}" $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce --sizes 64M -n 5 -w 1 \
     --json "$T/bench.json" > "$T/bench.txt" 2>&1
   "$PY" -m mccl.trace summary "$T"/t.*.json --json "$T/summary.json" > "$T/summary.txt" 2>&1
   tail -3 "$T/summary.txt"
 }
 up "${HOSTS:-8}"
-for st in ${STAGES:-base tcp trace cost trace4}; do
-  echo "=== $st $(date +%T)"
+envtag() {  # envtag "A=1,B=2" -> "-A_1_B_2" (a file-name suffix), "" for ""
+  [ -n "$1" ] && echo "-$1" | tr -c 'A-Za-z0-9\n-' '_'
+}
+ENVS=()
+for item in ${STAGES:-base tcp trace cost trace4}; do
+  st=${item%%@*}; E=; [ "$st" != "$item" ] && E=${item#*@}
+  SUF=$(envtag "$E"); read -r -a ENVS <<< "${E//,/ }"
+  echo "=== $item $(date +%T)"
   case $st in
-    base) $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
-            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base.json" > "$RES/base.txt" 2>&1
-          tail -25 "$RES/base.txt" ;;
-    st0) MCCL_SEND_THREAD=0 $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
-            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/st0.json" > "$RES/st0.txt" 2>&1
-          tail -12 "$RES/st0.txt" ;;
-    pinned) up "$NH" 2
-          $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes "${SIZES:-16M,64M,256M}" \
-            --rounds "${ROUNDS:-3}" -n 8 --json "$RES/pinned.json" > "$RES/pinned.txt" 2>&1
-          tail -12 "$RES/pinned.txt" ;;
-    tcp) mkdir -p "$RES/net"
-         for b in mccl gloo; do
-           snap "$RES/net/1-$b-before.txt"
-           sample_ss "$RES/net/ss-$b.txt" & sp=$!
-           $B --cluster t0 --backends $b --goodput "$GP" --ops all_reduce --sizes 64M -n "${NTCP:-10}" -w 1 \
-             --json "$RES/net/1-$b.json" > "$RES/net/1-$b.txt" 2>&1
+    base) env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce \
+            --sizes "${SIZES:-16M,64M,256M}" --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base$TAG$SUF.json" \
+            > "$RES/base$TAG$SUF.txt" 2>&1
+          tail -12 "$RES/base$TAG$SUF.txt" ;;
+    pin) up "$NH" 2 ;;
+    tcp) mkdir -p "$RES/net"; tags=()
+         for run in ${TCP_RUNS:-mccl gloo}; do
+           b=${run%%@*}; RE=; [ "$b" != "$run" ] && RE=${run#*@}
+           tag=$TAG-$b$(envtag "$RE"); tags+=("$tag"); read -r -a RENVS <<< "${RE//,/ }"
+           snap "$RES/net/$tag-before.txt"
+           sample_ss "$RES/net/ss-$tag.txt" & sp=$!
+           env "${RENVS[@]}" $B --cluster t0 --backends "$b" --goodput "$GP" --ops all_reduce --sizes 64M \
+             -n "${NTCP:-10}" -w 1 --json "$RES/net/$tag.json" > "$RES/net/$tag.txt" 2>&1
            kill $sp; wait $sp 2>/dev/null
-           snap "$RES/net/1-$b-after.txt"
+           snap "$RES/net/$tag-after.txt"
          done
-         "$PY" bench/netdiag.py "$RES/net" 1-mccl 1-gloo | tee "$RES/net/counters.txt" ;;
-    trace) trace_run ;;
+         "$PY" bench/netdiag.py "$RES/net" "${tags[@]}" | tee -a "$RES/net/counters.txt" ;;
+    trace) trace_run "$SUF" ;;
     cost) for r in $(seq 1 "${COST_ROUNDS:-3}"); do for on in 0 1; do
             if [ $on = 1 ]; then tr=$RES/cost/t$r; mkdir -p "$RES/cost"; else tr=; fi
             MCCL_TRACE=$tr $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce,all_gather --sizes 64K,1M,16M,64M \
