@@ -923,6 +923,7 @@ static void stopEngine(struct mcclComm* comm) {
   pthread_mutex_lock(&comm->qlock);
   comm->stopping = 1;
   pthread_cond_signal(&comm->qcond);
+  if (comm->idle_reading) mcclTransportWake(&comm->tp);
   pthread_mutex_unlock(&comm->qlock);
   if (comm->engine_started) pthread_join(comm->engine, NULL);
   comm->engine_started = 0;

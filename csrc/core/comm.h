@@ -93,6 +93,8 @@ struct mcclComm {
   uint64_t next_seq;              /* run order, stamped when the engine takes a collective */
   uint64_t next_p2p;              /* numbers point-to-point requests (their own sequence) */
   int stopping;                   /* destroy: finish the queue, then exit */
+  int idle_reading;               /* the idle engine waits in mcclTransportReadAhead, not on qcond:
+                                     whoever signals qcond also wakes the transport (qlock held) */
   pthread_t engine;
   int engine_started;
 

@@ -15,6 +15,7 @@
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "core/param.h"
 #include "core/trace.h"
 #include "device/handoff.h"
 #include "reduce/reduce.h"
@@ -269,6 +270,27 @@ void* mcclEngineMain(void* arg) {
       if (next == NEXT_BLOCKED && mcclNowNs() >= until) expired = 1;
       if (next == NEXT_RUN || expired || mcclP2pBusy(comm) || (comm->stopping && next == NEXT_IDLE)) break;
       if (next == NEXT_IDLE) {
+        /* Nothing to run: read what peers already send for the next collective into the parks
+         * (mcclTransportReadAhead), waking for new work through the transport's pipe; once no
+         * park can take more, sleep on the queue alone (TCP's window then holds the peers). */
+        if (!failed && !comm->stopping && mcclParamInt("MCCL_IDLE_READ")) {
+          int polled = 0;
+          comm->idle_reading = 1;
+          pthread_mutex_unlock(&comm->qlock);
+          mcclResult_t res = mcclTransportReadAhead(&comm->tp, 100, &polled);
+          pthread_mutex_lock(&comm->qlock);
+          comm->idle_reading = 0;
+          if (res != mcclSuccess) {
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "rank %d: reading ahead between collectives: %s", comm->rank, comm->tp.error);
+            pthread_mutex_unlock(&comm->qlock);
+            failCommunicator(comm, res, msg, sizeof(msg));
+            pthread_mutex_lock(&comm->qlock);
+            failed = 1;
+            continue;
+          }
+          if (polled) continue;
+        }
         pthread_cond_wait(&comm->qcond, &comm->qlock);
         continue;
       }
@@ -463,6 +485,7 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
     comm->qtail = req;
   }
   pthread_cond_signal(&comm->qcond);
+  if (comm->idle_reading) mcclTransportWake(&comm->tp);
   pthread_mutex_unlock(&comm->qlock);
 
   return request != NULL ? mcclSuccess : mcclRequestWaitAndFree(comm, req);
@@ -527,6 +550,7 @@ mcclResult_t mcclRequestSeal(mcclRequest_t req) {
   pthread_mutex_lock(&req->comm->qlock);
   req->sealed = 1;
   pthread_cond_signal(&req->comm->qcond);
+  if (req->comm->idle_reading) mcclTransportWake(&req->comm->tp);
   pthread_mutex_unlock(&req->comm->qlock);
   return mcclSuccess;
 }

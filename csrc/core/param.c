@@ -50,6 +50,9 @@ static mcclParam params[] = {
      * connection is read on (transport/park.h); -1: (MCCL_PIPELINE_DEPTH + 2) x
      * MCCL_SEGMENT_BYTES; 0: no parking (such a frame stops the reading: TCP backpressure). */
     {"MCCL_PARK_BYTES", -1, -1, (int64_t)1 << 40, 0, NULL, 0},
+    /* 1: an engine with no collective to run still reads peers' early frames into the parks
+     * (mcclTransportReadAhead); 0: it waits on its queue alone, the sockets unread. */
+    {"MCCL_IDLE_READ", 1, 0, 1, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

@@ -866,3 +866,27 @@ void mcclTransportCancel(mcclTransport* t) {
 
 void mcclTransportWake(mcclTransport* t) { pipeWake(t->wake[1], &t->wake_pending); }
 
+mcclResult_t mcclTransportReadAhead(mcclTransport* t, int timeout_ms, int* polled) {
+  *polled = 0;
+  int np = 0;
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    if (r == t->rank || c->fd < 0 || c->dead || c->rq_head != NULL) continue;
+    if (!readAhead(c) && c->rx_mode != MCCL_RX_PARK) continue; /* (a frame half parked: its rest) */
+    t->pfds[np].fd = c->fd;
+    t->pfds[np].events = POLLIN;
+    t->pfd_peer[np] = r;
+    np++;
+  }
+  if (np == 0 || t->wake[0] < 0) return mcclSuccess;
+  *polled = 1;
+  t->pfds[np].fd = t->wake[0];
+  t->pfds[np].events = POLLIN;
+  int n = poll(t->pfds, (nfds_t)np + 1, timeout_ms);
+  if (n <= 0) return mcclSuccess; /* nothing came, or a signal: the owner looks at its queue again */
+  if (t->pfds[np].revents & POLLIN) pipeDrain(t->wake[0], &t->wake_pending);
+  for (int k = 0; k < np; k++)
+    if (t->pfds[k].revents != 0) MCCLCHECK(connRecv(t, t->pfd_peer[k]));
+  return mcclSuccess;
+}
+

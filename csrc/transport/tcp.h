@@ -240,6 +240,17 @@ void mcclTransportHalt(mcclTransport* t);
 /* Sleep until mcclTransportWake or `timeout_ms` (for an owner whose work all waits on others). */
 void mcclTransportIdleWait(mcclTransport* t, int timeout_ms);
 
+/* For an owner with nothing posted (between collectives): wait up to `timeout_ms`, or until
+ * mcclTransportWake, for collective frames that peers send ahead, and read them into their parks
+ * (park.h), as a round inside a collective does. Only DATA frames that fit are taken; anything
+ * else (a failure notice, a P2P frame, a close) stops the reading of that connection until a
+ * receive is posted on it, as inside a collective. Without this, a rank that starts a collective
+ * late leaves its peers' first segments in the kernel, its receive window closes, and the link
+ * into it stalls for the rest of the lateness (bench/NOTES.md, 2026-12-03). *polled is 0 when no
+ * connection could take a frame (parks full, or stopped): the owner may then wait without the
+ * sockets. Errors: those of a frame being parked (a malformed header, a peer lost mid-payload). */
+mcclResult_t mcclTransportReadAhead(mcclTransport* t, int timeout_ms, int* polled);
+
 /* Forget every posted transfer (after an error: their buffers are no longer referenced); a sender
  * thread is halted first (mcclTransportHalt). */
 void mcclTransportCancel(mcclTransport* t);

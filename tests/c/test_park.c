@@ -2,9 +2,10 @@
  * test_park.c: parking of collective frames that arrive before their receive
  * (csrc/transport/park.{h,c} and its use in tcp.c). First the byte ring on its own (wrapping,
  * bounds), then rank 0's real receive path fed hand-made frames through a socketpair as "rank 1",
- * while a send to "rank 2" that nobody reads keeps rank 0 busy (reading ahead happens while a rank
- * has transfers posted, as during a collective; an idle transport reads nothing): frames are read
- * ahead into the park up to its bound and no further, handed to receives posted later in arrival
+ * while a send to "rank 2" that nobody reads keeps rank 0 busy (a progress round reads ahead while
+ * a rank has transfers posted, as during a collective): frames are read
+ * ahead into the park up to its bound and no further (and by an idle engine too, between
+ * collectives), handed to receives posted later in arrival
  * order with their bytes exact, checked against those receives as frames read directly are (a
  * mismatch fails naming the field), and failure notices, closes and frames that do not fit are
  * never read ahead (mcclTransportSettle still sees the notice). Last, 4 ranks of which one enters
@@ -16,10 +17,12 @@
 #include <sys/socket.h>
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "core/param.h"
 #include "harness.h"
 #include "transport/park.h"
 #include "transport/tcp.h"
@@ -393,6 +396,34 @@ static int skewedRank(int r, int n, mcclStore_t* store, void* arg) {
   return 0;
 }
 
+/* Between collectives the engine reads ahead too (mcclTransportReadAhead): rank 0 starts a
+ * 64 KiB all-reduce while rank 1 sleeps 300 ms with nothing posted; by the time rank 1 joins,
+ * rank 0's frames have left rank 1's socket (FIONREAD 0: they are in its park), and the result
+ * is exact. With MCCL_IDLE_READ=0 the frames wait in the kernel (checked when so run). */
+#define IDLE_COUNT (16 * 1024)
+static int idleRank(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  float* buf = malloc(IDLE_COUNT * sizeof(float));
+  for (size_t i = 0; i < IDLE_COUNT; i++) buf[i] = (float)((i % 100) + (size_t)r);
+  EXPECT_OK(comm, mcclBarrier(comm, NULL, NULL));
+  if (r == 1) {
+    harnessSleepUs(300 * 1000);
+    int pending = -1, idle_read = (int)mcclParamInt("MCCL_IDLE_READ");
+    EXPECT(ioctl(comm->tp.conns[0].fd, FIONREAD, &pending) == 0 && (idle_read ? pending == 0 : pending > 0),
+           "rank 1: %d bytes of rank 0's frames in the socket after 300 ms idle (MCCL_IDLE_READ=%d)", pending,
+           idle_read);
+  }
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, IDLE_COUNT, mcclFloat32, mcclSum, comm, NULL, NULL));
+  int exact = 1;
+  for (size_t i = 0; i < IDLE_COUNT && exact; i++) exact = buf[i] == (float)(2 * (i % 100) + 1);
+  EXPECT(exact, "rank %d: all-reduce joined late exact", r);
+  mcclCommDestroy(comm);
+  free(buf);
+  return 0;
+}
+
 int main(void) {
   testRing();
   testReadAheadBound();
@@ -400,6 +431,7 @@ int main(void) {
   testNoticeNotReadAhead(0);
   testNoticeNotReadAhead(1);
   testCloseAfterParked();
+  EXPECT(harnessRunRanks(2, 60, idleRank, NULL) == 0, "2 ranks, read ahead while idle: every rank passed");
   EXPECT(harnessRunRanks(4, 60, skewedRank, NULL) == 0, "4 ranks, one 1 s late: every rank passed");
   return harnessExit("test_park");
 }
