@@ -70,10 +70,10 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
             > "$RES/base$TAG$SUF.txt" 2>&1
           tail -12 "$RES/base$TAG$SUF.txt" ;;
     pin) up "$NH" 2 ;;
-    tcp) mkdir -p "$RES/net"; tags=()
+    tcp) mkdir -p "$RES/net"; tags=(); k=0
          for run in ${TCP_RUNS:-mccl gloo}; do
-           b=${run%%@*}; RE=; [ "$b" != "$run" ] && RE=${run#*@}
-           tag=$TAG-$b$(envtag "$RE"); tags+=("$tag"); read -r -a RENVS <<< "${RE//,/ }"
+           b=${run%%@*}; RE=; [ "$b" != "$run" ] && RE=${run#*@}; k=$((k + 1))
+           tag=$TAG-$k-$b$(envtag "$RE"); tags+=("$tag"); read -r -a RENVS <<< "${RE//,/ }"
            snap "$RES/net/$tag-before.txt"
            sample_ss "$RES/net/ss-$tag.txt" & sp=$!
            env "${RENVS[@]}" $B --cluster t0 --backends "$b" --goodput "$GP" --ops all_reduce --sizes 64M \
