@@ -9,7 +9,8 @@
  * (source, tag) order, core/p2p.c), in its own posting order.
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
- * posted, while its park (park.h) has room for the collective frame that arrives next: a rank that
+ * posted (inside a collective, or between collectives through mcclTransportReadAhead), while its
+ * park (park.h) has room for the collective frame that arrives next: a rank that
  * runs ahead of its receiver by more than the park bound (MCCL_PARK_BYTES per peer) is held back by
  * TCP's own window (bounded by the socket buffers). Failure notices and point-to-point frames are
  * never read ahead. Point-to-point messages
