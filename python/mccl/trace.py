@@ -149,22 +149,29 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
                     if e.get("ph") == "X" and e.get("tid") == 1 + 2 * rank and e["name"] == "window"
                     and mine(e)]
             s = LinkSummary(track=names.get(tid, str(tid)))
-            s.queued_us = sum(b - a for a, b in _union([(e["ts"], e["ts"] + e["dur"]) for e in waits]))
+            # Times are the collective's own: a frame parked before it started (an idle engine
+            # reads ahead, transport/tcp.h) counts its bytes, not the time before the start.
+            c0, c1 = c["ts"], c["ts"] + c["dur"]
+
+            def span(e):
+                a = min(max(e["ts"], c0), c1)
+                return a, max(a, min(e["ts"] + e["dur"], c1))
+            s.queued_us = sum(b - a for a, b in _union([span(e) for e in waits]))
             s.window_us = sum(b - a for a, b in _union(windows)) if tid % 2 == 1 else 0.0
             s.frames = len(moves)
             s.bytes = sum(e["args"]["bytes"] for e in moves)
             parked = [e for e in moves if e["name"] == "park"]
             s.parked_frames, s.parked_bytes = len(parked), sum(e["args"]["bytes"] for e in parked)
-            first = min([e["ts"] for e in moves + waits])
-            last = max(e["ts"] + e["dur"] for e in moves)
+            first = min(span(e)[0] for e in moves + waits)
+            last = max(span(e)[1] for e in moves)
             s.pending_us = last - first
-            busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in moves])
+            busy = _union([span(e) for e in moves])
             s.busy_us = sum(b - a for a, b in busy)
             # Gaps between consecutive frames (one socket moves one frame at a time), and before
             # the first one; each put down to one cause.
             prev_end, prev_step = first, None
             for e in moves:
-                a, b, step = e["ts"], e["ts"] + e["dur"], e["args"]["step"]
+                (a, b), step = span(e), e["args"]["step"]
                 if a > prev_end:
                     if _overlaps(windows, prev_end, a):
                         cause = "window"
