@@ -259,6 +259,7 @@ void* mcclEngineMain(void* arg) {
   struct mcclComm* comm = arg;
   mcclThreadSetName("mccl-engine"); /* benchmarks find its CPU time by this name */
   int64_t stop_deadline = 0;
+  int nothing_to_read = 0; /* the last idle read-ahead found no connection to read */
   for (;;) {
     struct mcclRequest *req = NULL, *blocker = NULL;
     int failed = commFailed(comm);
@@ -273,7 +274,7 @@ void* mcclEngineMain(void* arg) {
         /* Nothing to run: read what peers already send for the next collective into the parks
          * (mcclTransportReadAhead), waking for new work through the transport's pipe; once no
          * park can take more, sleep on the queue alone (TCP's window then holds the peers). */
-        if (!failed && !comm->stopping && mcclParamInt("MCCL_IDLE_READ")) {
+        if (!failed && !comm->stopping && !nothing_to_read && mcclParamInt("MCCL_IDLE_READ")) {
           int polled = 0;
           comm->idle_reading = 1;
           pthread_mutex_unlock(&comm->qlock);
@@ -289,9 +290,14 @@ void* mcclEngineMain(void* arg) {
             failed = 1;
             continue;
           }
-          if (polled) continue;
+          /* Look at the queue again either way (under the lock): work submitted while it was
+           * unlocked signalled a condition nobody waited on. With nothing to read, the next
+           * idle pass sleeps on the queue until woken. */
+          nothing_to_read = !polled;
+          continue;
         }
         pthread_cond_wait(&comm->qcond, &comm->qlock);
+        nothing_to_read = 0;
         continue;
       }
       int64_t now = mcclNowNs();
@@ -305,6 +311,7 @@ void* mcclEngineMain(void* arg) {
     pthread_mutex_unlock(&comm->qlock);
     if (next == NEXT_RUN) {
       runRequest(comm, req);
+      nothing_to_read = 0; /* its receives drained the parks and reset the read-ahead stops */
       /* It stays open for follow-ups until the next nextRequest() passes it. */
       pthread_mutex_lock(&comm->qlock);
       req->state = MCCL_REQ_OPEN;
