@@ -38,7 +38,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 CAUSES = ("window", "reduce", "phase", "step", "segment")
 
@@ -359,13 +359,7 @@ def _from_json(rows: list[dict]) -> list[CollectiveSummary]:
     """The summaries that :func:`_as_json` wrote (``summary --json``)."""
     out = []
     for r in rows:
-        links = []
-        for l in r["links"]:
-            link = LinkSummary(track=l["track"])
-            for k in ("bytes", "frames", "pending_us", "busy_us", "queued_us", "window_us", "parked_frames",
-                      "parked_bytes", "bubbles_us", "bubble_count"):
-                setattr(link, k, l[k])
-            links.append(link)
+        links = [LinkSummary(**{f.name: l[f.name] for f in fields(LinkSummary)}) for l in r["links"]]
         out.append(CollectiveSummary(rank=r["rank"], name=r["name"], seq=r["seq"], coll=r["coll"], count=r["count"],
                                      dtype=r["dtype"], start_us=r["start_us"], dur_us=r["dur_us"],
                                      reduce_us=r["reduce_us"], links=links))
