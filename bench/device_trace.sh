@@ -4,7 +4,9 @@
 # $OUT (the device tool's return folder). Carry .tools/iproute (bench/bundle_iproute.sh: ip, tc,
 # ss, iperf3). Stages (STAGES, in order; default "base tcp trace cost trace4"); a stage
 # NAME@VAR=VAL[,VAR=VAL] runs with those variables set, and its files carry them in their names:
-#   base      mccl and gloo alternating round by round (--rounds ROUNDS), all-reduce SIZES
+#   base      mccl and gloo alternating round by round (--rounds ROUNDS), OPS (all_reduce) at SIZES;
+#             base@OPS=all_gather+broadcast,SIZES=16M+64M sets them for one stage
+#   cc-NAME   every host's TCP congestion control set to NAME (cubic, bbr) for the later stages
 #   pin       the cluster again, each host pinned to 2 CPUs of its own (later stages run on it)
 #   tcp       per run of TCP_RUNS ("mccl gloo"; a run may be BACKEND@VAR=VAL): each host's TCP and
 #             tc counters before and after NTCP 64 MiB all-reduces (bench/netdiag.py reads them),
@@ -25,6 +27,7 @@ export PYTHONPATH=$PWD/python IPROUTE_DIR=$PWD/.tools/iproute
 IPR=$IPROUTE_DIR
 cl() { "$PY" -m mccl.cluster --iproute-dir "$IPR" "$@"; }
 trap 'cl down --id t0 >/dev/null 2>&1; tar czf "${OUT:-/tmp}/results.tgz" "$RES"' EXIT
+trap 'exit 143' TERM  # `timeout` ends it: the EXIT trap still packs what the stages wrote
 up() {  # up HOSTS [CPUS]: a fresh cluster t0 (each host pinned to CPUS CPUs of its own) and its goodput in $GP
   cl down --id t0 >/dev/null 2>&1
   cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" ${2:+--cpus-per-host $2} > "$RES/cluster-$1.txt"
@@ -59,18 +62,25 @@ up "${HOSTS:-8}"
 envtag() {  # envtag "A=1,B=2" -> "-A_1_B_2" (a file-name suffix), "" for ""
   [ -n "$1" ] && echo "-$1" | tr -c 'A-Za-z0-9\n-' '_'
 }
-ENVS=()
+ENVS=(); k=0
 for item in ${STAGES:-base tcp trace cost trace4}; do
   st=${item%%@*}; E=; [ "$st" != "$item" ] && E=${item#*@}
   SUF=$(envtag "$E"); read -r -a ENVS <<< "${E//,/ }"
   echo "=== $item $(date +%T)"
   case $st in
-    base) env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce \
-            --sizes "${SIZES:-16M,64M,256M}" --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base$TAG$SUF.json" \
+    base) ops=${OPS:-all_reduce}; sizes=${SIZES:-16M,64M,256M}  # a stage's OPS= / SIZES= ('+' for ',')
+          for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
+          env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops "${ops//+/,}" \
+            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base$TAG$SUF.json" \
             > "$RES/base$TAG$SUF.txt" 2>&1
-          tail -12 "$RES/base$TAG$SUF.txt" ;;
+          tail -30 "$RES/base$TAG$SUF.txt" ;;
     pin) up "$NH" 2 ;;
-    tcp) mkdir -p "$RES/net"; tags=(); k=0
+    cc-*) A=/proc/sys/net/ipv4/tcp_allowed_congestion_control  # a netns may pick only what the host allows
+          grep -qw "${st#cc-}" $A || echo "$(cat $A) ${st#cc-}" > $A || exit 1
+          for i in $(seq 0 $((NH - 1))); do  # every host's TCP congestion control (cc-cubic, cc-bbr)
+            "$IPR/ip" netns exec "mccl-t0-h$i" sh -c "echo ${st#cc-} > /proc/sys/net/ipv4/tcp_congestion_control" || exit 1
+          done; "$IPR/ip" netns exec mccl-t0-h0 cat /proc/sys/net/ipv4/tcp_congestion_control | tee -a "$RES/cluster-$NH.txt" ;;
+    tcp) mkdir -p "$RES/net"; tags=()  # runs numbered across tcp stages (k): no name is reused
          for run in ${TCP_RUNS:-mccl gloo}; do
            b=${run%%@*}; RE=; [ "$b" != "$run" ] && RE=${run#*@}; k=$((k + 1))
            tag=$TAG-$k-$b$(envtag "$RE"); tags+=("$tag"); read -r -a RENVS <<< "${RE//,/ }"
