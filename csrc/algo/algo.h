@@ -221,6 +221,12 @@ typedef struct {
                               before the bytes left, but only `complete` orders the two threads) */
   uint32_t step_base;      /* frames of step t carry step_base + t (plans run one after another
                               in one collective number their steps apart) */
+  const char* copy_src;    /* copy_bytes > 0: copy_src[0, copy_bytes) into copy_dst while the ring
+                              waits on its links, a segment at a time, once the announcement is
+                              done (the all-gather's own block; the regions must not overlap
+                              anything the ring reads or writes) */
+  char* copy_dst;
+  size_t copy_bytes;
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

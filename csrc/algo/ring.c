@@ -74,6 +74,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
   uint8_t staged[64]; /* it lands in staging: reductions, and copies until announced */
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
+  size_t copied = 0;     /* of the plan's copy: one segment per pass, while the links work */
 
   for (;;) {
     /* Every send unit before this one is complete. */
@@ -121,7 +122,19 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
       s_posted++;
       su++;
     }
-    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted && ann.done) break;
+    if (ann.done && copied < p->copy_bytes) {
+      size_t piece = p->copy_bytes - copied < seg_elems * esz ? p->copy_bytes - copied : seg_elems * esz;
+      int64_t t0 = ctx->tp->trace ? mcclNowNs() : 0;
+      memcpy(p->copy_dst + copied, p->copy_src + copied, piece);
+      if (ctx->tp->trace) {
+        mcclTraceArgs a = {.coll = op->coll, .seq = op->seq, .offset = copied, .bytes = piece};
+        mcclTraceSpan(ctx->tp->trace, 0, MCCL_TRACE_COPY, t0, mcclNowNs(), &a);
+      }
+      copied += piece;
+    }
+    if (su >= nunits && ru >= nunits && s_done == s_posted && r_done == r_posted && ann.done &&
+        copied == p->copy_bytes)
+      break;
 
     mcclResult_t res = mcclTransportProgress(ctx->tp, op->deadline_ns, ctx->abort_flag);
     if (res != mcclSuccess) {
@@ -205,7 +218,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0, NULL, NULL, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
@@ -254,7 +267,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = t == 0;
     }
     mcclRingPlan p1 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 1, 0, 0, 0};
+                       op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0};
     res = mcclRingRun(ctx, op, &p1);
   }
   /* 2: all-reduce of chunk j across the groups (from here on the input is this rank's output). */
@@ -270,7 +283,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     }
     mcclRingPlan p2 = {steps, G, 1, mcclRingRank(ctx, mod(k + 1, G) * g + j), mcclRingRank(ctx, mod(k - 1, G) * g + j),
                        chunks, chunks + nsteps, flags, flags + nsteps, off2, len2, op->recvbuf, NULL, 0,
-                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1)};
+                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1), NULL, NULL, 0};
     res = mcclRingRun(ctx, &mid, &p2);
   }
   /* 3: all-gather of the chunks inside the group. */
@@ -282,7 +295,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = 0;
     }
     mcclRingPlan p3 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1))};
+                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1)), NULL, NULL, 0};
     res = mcclRingRun(ctx, &mid, &p3);
   }
   free(chunks);
@@ -316,7 +329,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0, NULL, NULL, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -373,7 +386,8 @@ mcclResult_t mcclRingReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* work) {
 
 /* All-gather: the all-gather half of the ring above, over n equal blocks. Step 0 sends the own
  * block from the input; later steps forward what arrived, from recvbuf. Receives wait for the
- * announcements run alongside, and the own block is copied into place at the end. */
+ * announcements run alongside; so does the copy of the own block into place, a segment per pass
+ * of the ring's loop while it waits on the links. */
 mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t esz = mcclDataTypeSize(op->dtype);
@@ -403,10 +417,12 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     geo[n + c] = op->count;
   }
   /* Frames carry byte offsets into the whole output. */
+  /* The own block is copied into place while the ring waits on its links (no step reads or
+   * writes it there). */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0};
+                       flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0,
+                       op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
-  if (res == mcclSuccess && op->sendbuf != own) memcpy(own, op->sendbuf, op->count * esz);
   free(chunks);
   free(flags);
   free(geo);
@@ -424,6 +440,6 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mcclRingRank(ctx, me + 1), mcclRingRank(ctx, me - 1), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -411,10 +411,11 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
         if (n == 1) break;
       }
 
-  /* All-gather, out of place and in place. */
+  /* All-gather, out of place and in place at every count (out of place, the ring copies the own
+   * block into place a segment at a time while it waits on its links: 300000 floats are 5). */
   const size_t gcounts[] = {0, 1, 7919, quick ? 70000 : 300000};
-  for (size_t c = 0; c < sizeof(gcounts) / sizeof(gcounts[0]); c++) {
-    size_t count = gcounts[c];
+  for (size_t c = 0; c < 2 * sizeof(gcounts) / sizeof(gcounts[0]); c++) {
+    size_t count = gcounts[c / 2];
     float* out = malloc(count * (size_t)n * 4 + 4);
     float* in = malloc(count * 4 + 4);
     for (size_t i = 0; i < count; i++) in[i] = (float)(r * 1000 + (int)(i % 997));
