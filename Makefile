@@ -190,7 +190,7 @@ train: install
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 4 examples/train.py
 
 test: install ctest
-	$(VENV)/bin/python -m pytest -q tests/python
+	$(VENV)/bin/python -m pytest -q --durations=25 tests/python
 
 # What CI runs (.ci/run): the README's test command, then the strict POSIX build and its tests,
 # then the C suite under ASan+UBSan and TSan, then a short fuzz run, one after another
