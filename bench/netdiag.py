@@ -5,8 +5,18 @@ Usage: python bench/netdiag.py RESULTS/net TAG [TAG ...]   (TAG e.g. 1-mccl: rea
 and TAG-after.txt). Counters: /proc/net/snmp and /proc/net/netstat of each host's namespace (Tcp:,
 TcpExt:), then `tc -s` of the host's eth0 (the host's egress, "eth0.*") and of its bridge-side
 veth (what reaches the host, "veth.*"), in that order.
+
+When the folder also holds `ss-TAG.txt` (or `.txt.gz`: `ss -tin` of one host sampled while the
+run went on, each sample after a line "@ <unix time>"), each connection that moved over 10 MB is
+printed from its last sample: bytes each way, busy ms, and the ms (and % of busy) the kernel found
+it limited by the peer's receive window (rwnd_limited) and by its own send buffer
+(sndbuf_limited), with its RTT and cwnd. A sender that is rwnd-limited is waiting on a receiver
+that does not read fast enough (Linux tcp_info: tcpi_busy_time, tcpi_rwnd_limited,
+tcpi_sndbuf_limited).
 """
 import collections
+import gzip
+import os
 import re
 import sys
 
@@ -43,6 +53,41 @@ def parse(path: str) -> dict:
     return hosts
 
 
+def ss_last(path: str) -> dict:
+    """The last `ss -tin` sample of each connection (local, peer) in `path`, as its info line."""
+    opener = gzip.open if path.endswith(".gz") else open
+    last, cur = {}, None
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.startswith("\t") and cur is not None:
+                last[cur] = line.strip()
+                continue
+            p = line.split()
+            cur = (p[2], p[3]) if len(p) >= 4 and p[0].isdigit() and p[1].isdigit() else None
+    return last
+
+
+def ss_report(path: str, min_bytes: int = 10_000_000) -> list[str]:
+    """One line per connection of `path` that sent or received over min_bytes."""
+    out = []
+    for (local, peer), info in sorted(ss_last(path).items()):
+        def num(key: str) -> float:
+            m = re.search(rf"(?<![a-z_]){key}:([\d.]+)", info)
+            return float(m.group(1)) if m else 0.0
+        sent, recv = num("bytes_sent"), num("bytes_received")
+        if max(sent, recv) < min_bytes:
+            continue
+        busy = num("busy")
+        lim = {k: num(k) for k in ("rwnd_limited", "sndbuf_limited")}
+        pct = {k: (f"{100 * v / busy:.1f}%" if busy else "-") for k, v in lim.items()}
+        m = re.search(r"(?<![a-z_])rtt:([\d.]+)", info)
+        out.append(f"  {local} -> {peer}: sent {sent / 1e6:.1f} MB, received {recv / 1e6:.1f} MB, busy "
+                   f"{busy:.0f} ms, rwnd_limited {lim['rwnd_limited']:.0f} ms ({pct['rwnd_limited']}), "
+                   f"sndbuf_limited {lim['sndbuf_limited']:.0f} ms ({pct['sndbuf_limited']}), "
+                   f"rtt {m.group(1) if m else '-'} ms, cwnd {num('cwnd'):.0f}")
+    return out
+
+
 def main() -> None:
     folder, tags = sys.argv[1], sys.argv[2:]
     for tag in tags:
@@ -52,6 +97,9 @@ def main() -> None:
             for k, v in counters.items():
                 total[k] += v - before.get(h, {}).get(k, 0)
         print(tag, " ".join(f"{k.split('.', 1)[1] if k.startswith('Tcp') else k}={total[k]}" for k in KEYS))
+        for ss in (f"{folder}/ss-{tag}.txt", f"{folder}/ss-{tag}.txt.gz"):
+            if os.path.exists(ss):
+                print("\n".join(ss_report(ss)))
 
 
 if __name__ == "__main__":

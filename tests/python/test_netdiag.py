@@ -1,0 +1,42 @@
+"""bench/netdiag.py's `ss` report: a connection's last sample, its busy time and the share of it
+the kernel found limited by the peer's receive window, read exactly from a synthetic file."""
+import gzip
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("netdiag", ROOT / "bench" / "netdiag.py")
+netdiag = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(netdiag)
+
+SAMPLE = """@ 1.0
+Recv-Q Send-Q Local Address:Port Peer Address:Port
+0      0      10.0.0.2:5000   10.0.0.3:6000
+\t bbr rtt:0.5/0.1 cwnd:20 bytes_sent:5000000 bytes_acked:5000000 busy:100ms rwnd_limited:10ms(10.0%)
+0      0      10.0.0.2:5001   10.0.0.1:6001
+\t bbr rtt:1.0/0.1 cwnd:10 bytes_sent:672 bytes_received:900 busy:1ms
+@ 2.0
+Recv-Q Send-Q Local Address:Port Peer Address:Port
+0      0      10.0.0.2:5000   10.0.0.3:6000
+\t bbr rtt:0.4/0.1 minrtt:0.01 cwnd:32 bytes_sent:20000000 bytes_retrans:5 bytes_acked:19000000 busy:400ms rwnd_limited:100ms(25.0%) sndbuf_limited:20ms(5.0%)
+0      0      10.0.0.2:5001   10.0.0.1:6001
+\t bbr rtt:1.0/0.1 rcv_rtt:9 cwnd:10 bytes_sent:672 bytes_received:30000000 busy:2ms
+"""
+
+
+def test_ss_report_reads_each_connections_last_sample(tmp_path):
+    path = tmp_path / "ss-1-mccl.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(SAMPLE)
+    last = netdiag.ss_last(str(path))
+    assert set(last) == {("10.0.0.2:5000", "10.0.0.3:6000"), ("10.0.0.2:5001", "10.0.0.1:6001")}
+    assert "bytes_sent:20000000" in last[("10.0.0.2:5000", "10.0.0.3:6000")]
+    lines = netdiag.ss_report(str(path))
+    assert lines == [
+        "  10.0.0.2:5000 -> 10.0.0.3:6000: sent 20.0 MB, received 0.0 MB, busy 400 ms, rwnd_limited 100 ms "
+        "(25.0%), sndbuf_limited 20 ms (5.0%), rtt 0.4 ms, cwnd 32",
+        "  10.0.0.2:5001 -> 10.0.0.1:6001: sent 0.0 MB, received 30.0 MB, busy 2 ms, rwnd_limited 0 ms "
+        "(0.0%), sndbuf_limited 0 ms (0.0%), rtt 1.0 ms, cwnd 10",
+    ]
+    # below the threshold nothing is printed
+    assert netdiag.ss_report(str(path), min_bytes=40_000_000) == []
