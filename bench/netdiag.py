@@ -71,20 +71,22 @@ def ss_report(path: str, min_bytes: int = 10_000_000) -> list[str]:
     """One line per connection of `path` that sent or received over min_bytes."""
     out = []
     for (local, peer), info in sorted(ss_last(path).items()):
-        def num(key: str) -> float:
+        def field(key: str) -> str | None:  # rtt: but not minrtt: or rcv_rtt:
             m = re.search(rf"(?<![a-z_]){key}:([\d.]+)", info)
-            return float(m.group(1)) if m else 0.0
+            return m.group(1) if m else None
+
+        def num(key: str) -> float:
+            return float(field(key) or 0.0)
         sent, recv = num("bytes_sent"), num("bytes_received")
         if max(sent, recv) < min_bytes:
             continue
         busy = num("busy")
         lim = {k: num(k) for k in ("rwnd_limited", "sndbuf_limited")}
         pct = {k: (f"{100 * v / busy:.1f}%" if busy else "-") for k, v in lim.items()}
-        m = re.search(r"(?<![a-z_])rtt:([\d.]+)", info)
         out.append(f"  {local} -> {peer}: sent {sent / 1e6:.1f} MB, received {recv / 1e6:.1f} MB, busy "
                    f"{busy:.0f} ms, rwnd_limited {lim['rwnd_limited']:.0f} ms ({pct['rwnd_limited']}), "
                    f"sndbuf_limited {lim['sndbuf_limited']:.0f} ms ({pct['sndbuf_limited']}), "
-                   f"rtt {m.group(1) if m else '-'} ms, cwnd {num('cwnd'):.0f}")
+                   f"rtt {field('rtt') or '-'} ms, cwnd {num('cwnd'):.0f}")
     return out
 
 

@@ -416,9 +416,8 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
     geo[c] = (size_t)c * op->count;
     geo[n + c] = op->count;
   }
-  /* Frames carry byte offsets into the whole output. */
-  /* The own block is copied into place while the ring waits on its links (no step reads or
-   * writes it there). */
+  /* Frames carry byte offsets into the whole output; the own block's copy (no step reads or
+   * writes it there) runs inside the ring. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0,
                        op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0};
