@@ -59,7 +59,9 @@ CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
 CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 # The collectives, failures, mismatch and point-to-point tests run a third time with
 # MCCL_ANNOUNCE_RANKS=0: every communicator (their largest has 9 ranks) then checks matches by
-# dissemination (algo/algo.h), whose gated frames point-to-point sends must overtake.
+# dissemination (algo/algo.h), whose gated frames point-to-point sends must overtake, and
+# connects to its peers on first use (MCCL_RUNTIME_CONNECT's default above that many ranks), so
+# every failure and mismatch there must reach each rank through the links it has, or a NOTICE.
 CTEST_AGREE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"

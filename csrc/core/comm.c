@@ -193,17 +193,7 @@ static int atfork_error;                /* pthread_atfork's result, set once und
  * structure is the transport's own). Only close(), which is async-signal-safe. */
 static void forgetDescriptors(struct mcclComm* comm) {
   mcclTransport* t = &comm->tp;
-  if (t->conns != NULL)
-    for (int r = 0; r < t->nranks; r++)
-      if (t->conns[r].fd >= 0) {
-        close(t->conns[r].fd);
-        t->conns[r].fd = -1;
-      }
-  for (int k = 0; k < 2; k++)
-    if (t->wake[k] >= 0) {
-      close(t->wake[k]);
-      t->wake[k] = -1;
-    }
+  mcclTransportForgetDescriptors(t);
   t->trace = NULL; /* the parent's recorder: the parent writes it, the child leaves its copy */
 }
 
@@ -838,13 +828,19 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     MCCLCHECKGOTO(ringOrder(comm, recs, group_why), res, fail);
     initWatchCtx watch_ctx = {store, prefix, comm->rank};
     mcclTransportWatch watch = {&watch_ctx, initPeerFailed};
-    res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, &watch, deadline);
+    /* Runtime connection (tcp.h): by default above MCCL_ANNOUNCE_RANKS ranks, where no
+     * collective but all-to-all needs every peer any more; up to it every ring collective's
+     * agreement reaches every rank anyway, and the eager mesh's READY exchange makes init fail
+     * on every rank when it fails on one. */
+    int64_t runtime_connect = mcclParamInt("MCCL_RUNTIME_CONNECT");
+    if (runtime_connect < 0) runtime_connect = comm->nranks > mcclParamInt("MCCL_ANNOUNCE_RANKS");
+    res = mcclTransportInit(&comm->tp, comm->rank, comm->nranks, listen_fd, addrs, &auth, &watch, deadline,
+                            (int)runtime_connect);
+    listen_fd = -1; /* the transport's now */
     if (res != mcclSuccess) {
       mcclSetThreadError("mcclCommInitConfig: %s", comm->tp.error);
       goto fail;
     }
-    close(listen_fd); /* the mesh is complete: nobody else may connect */
-    listen_fd = -1;
     comm->tp.trace = mcclTraceOpen(comm->rank, comm->nranks, comm->label); /* before the sender starts */
     int64_t send_thread = mcclParamInt("MCCL_SEND_THREAD");
     /* A second thread pays off only with a CPU of its own: this rank may run on 2 CPUs, and the
@@ -856,7 +852,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     if (send_thread && mcclTransportStartSender(&comm->tp) != mcclSuccess)
       WARN("rank %d: %s; the engine thread sends too", comm->rank, comm->tp.error);
   } else {
-    res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, NULL, deadline);
+    res = mcclTransportInit(&comm->tp, 0, 1, -1, addrs, NULL, NULL, deadline, 0);
     if (res != mcclSuccess) goto fail;
   }
 

@@ -39,6 +39,9 @@ static mcclParam params[] = {
      * frame to and from every rank (one hop); larger ones with the dissemination agreement
      * (ceil(log2 n) hops, 2 ceil(log2 n) frames; algo/algo.h). Every rank must be given the same. */
     {"MCCL_ANNOUNCE_RANKS", 16, 0, 1 << 30, 0, NULL, 0},
+    /* 1: connect to a peer when a transfer with it is first posted (transport/tcp.h); 0: the
+     * full mesh at init; -1: 1 above MCCL_ANNOUNCE_RANKS ranks. Every rank must be given the same. */
+    {"MCCL_RUNTIME_CONNECT", -1, -1, 1, 0, NULL, 0},
     /* 1: a communicator writes its sockets on a thread of its own ("mccl-send") while the
      * engine thread receives and reduces; 0: the engine thread does all three; -1: 1 when
      * this rank may run on two CPUs and the ranks sharing its CPUs have two each (core/host.h). */

@@ -296,6 +296,17 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
   }
 }
 
+void mcclTransportAdopt(mcclTransport* t, int peer, int fd) {
+  mcclSender* s = t->sender;
+  if (s != NULL) pthread_mutex_lock(&s->mu); /* the thread reads fds under it */
+  t->conns[peer].fd = fd;
+  int queued = t->conns[peer].sq_head != NULL;
+  if (s != NULL) {
+    pthread_mutex_unlock(&s->mu);
+    if (queued) pipeWake(s->wake[1], &s->wake_pending); /* sends that waited for the connection */
+  }
+}
+
 /* The sender thread: write every queue until its socket is full, then wait for room in those
  * sockets or for a queue to fill. */
 static void* senderMain(void* arg) {
@@ -687,6 +698,15 @@ static void describeStall(mcclTransport* t) {
   mcclSender* snd = t->sender; /* its lock keeps the queues' heads in place while read */
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
+    if (c->fd >= 0 || c->dead || r == t->rank || (c->rq_head == NULL && c->sq_head == NULL)) continue;
+    char why[400];
+    mcclConnectorDescribe(t, r, why, sizeof(why));
+    snprintf(t->error, sizeof(t->error), "timed out: rank %d needs a connection to rank %d (%s), which it does "
+             "not have: %s", t->rank, r, c->addr, why);
+    return;
+  }
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
     char desc[200];
     if (c->rq_head != NULL) {
       mcclFrameDescribe(c->rx_mode == MCCL_RX_COLL ? &c->rx_frame : &c->rq_head->frame, desc, sizeof(desc));
@@ -766,6 +786,10 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     int rd = need || readAhead(c);
     if (!rd && !wr) continue;
     busy |= need || wr;
+    if (c->fd < 0 && !c->dead && t->connector != NULL) {
+      MCCLCHECK(mcclConnectorWant(t, r)); /* the transfers wait for the connection */
+      continue;
+    }
     if (c->fd < 0 || c->dead) {
       snprintf(t->error, sizeof(t->error), "rank %d (%s) is no longer connected (%s)", r, c->addr,
                c->dead ? c->dead_reason : "never connected");
@@ -781,12 +805,15 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
   /* Reading ahead alone keeps nobody waiting: with nothing posted the round is idle. */
   t->idle = !busy;
   if (t->idle) return mcclSuccess;
-  t->pfds[np].fd = t->wake[0];
-  t->pfds[np].events = POLLIN;
   int64_t now = mcclNowNs();
   int64_t wait_ms = (deadline_ns - now + 999999) / 1000000;
   if (wait_ms > 1000) wait_ms = 1000; /* re-check the abort flag at least once a second */
+  int nconn = np;
+  if (t->connector != NULL) MCCLCHECK(mcclConnectorPollAdd(t, t->pfds, &np, &wait_ms));
   if (wait_ms < 0 || ready) wait_ms = 0;
+  t->pfds[np].fd = t->wake[0];
+  t->pfds[np].events = POLLIN;
+  t->pfds[np].revents = 0;
   int n = poll(t->pfds, (nfds_t)np + 1, (int)wait_ms);
   if (abort_flag != NULL && atomic_load(abort_flag)) {
     snprintf(t->error, sizeof(t->error), "the communicator was aborted");
@@ -805,7 +832,8 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     return mcclSuccess;
   }
   if (t->pfds[np].revents & POLLIN) pipeDrain(t->wake[0], &t->wake_pending);
-  for (int k = 0; k < np; k++) {
+  if (t->connector != NULL) MCCLCHECK(mcclConnectorHandle(t, t->pfds, nconn, np));
+  for (int k = 0; k < nconn; k++) {
     short re = t->pfds[k].revents;
     if (re == 0) continue;
     int peer = t->pfd_peer[k];
@@ -878,14 +906,21 @@ mcclResult_t mcclTransportReadAhead(mcclTransport* t, int timeout_ms, int* polle
     t->pfd_peer[np] = r;
     np++;
   }
+  /* With runtime connection the listener and the handshakes are served too: a peer that dials
+   * this idle rank (for a point-to-point send, say) is not kept waiting for its next collective. */
+  int nconn = np;
+  int64_t wait_ms = timeout_ms;
+  if (t->connector != NULL) MCCLCHECK(mcclConnectorPollAdd(t, t->pfds, &np, &wait_ms));
   if (np == 0 || t->wake[0] < 0) return mcclSuccess;
   *polled = 1;
   t->pfds[np].fd = t->wake[0];
   t->pfds[np].events = POLLIN;
-  int n = poll(t->pfds, (nfds_t)np + 1, timeout_ms);
+  t->pfds[np].revents = 0;
+  int n = poll(t->pfds, (nfds_t)np + 1, (int)wait_ms);
   if (n <= 0) return mcclSuccess; /* nothing came, or a signal: the owner looks at its queue again */
   if (t->pfds[np].revents & POLLIN) pipeDrain(t->wake[0], &t->wake_pending);
-  for (int k = 0; k < np; k++)
+  if (t->connector != NULL) MCCLCHECK(mcclConnectorHandle(t, t->pfds, nconn, np));
+  for (int k = 0; k < nconn; k++)
     if (t->pfds[k].revents != 0) MCCLCHECK(connRecv(t, t->pfd_peer[k]));
   return mcclSuccess;
 }

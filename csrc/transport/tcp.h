@@ -143,13 +143,20 @@ typedef struct {
 /* The sending side's thread (tcp.c); NULL in a transport whose owner sends too. */
 typedef struct mcclSender mcclSender;
 
+/* Dials, accepts and handshakes (tcp_connect.c): at init for the whole mesh, and with runtime
+ * connection also during collectives, for the peers they need. */
+typedef struct mcclConnector mcclConnector;
+
 typedef struct mcclTransport {
   int rank, nranks;
   mcclConn* conns;                /* [nranks]; conns[rank] unused */
+  mcclConnector* connector;       /* NULL once no connection can be made any more: the mesh is
+                                     complete (eager), or FromFds, or after a failure */
   int wake[2];                    /* self-pipe: mcclTransportWake interrupts a poll */
   atomic_int wake_pending;        /* a byte is in the pipe and not yet drained: no need for more */
   mcclSender* sender;             /* see mcclTransportStartSender */
-  struct pollfd* pfds;            /* scratch for mcclTransportProgress, nranks + 1 */
+  struct pollfd* pfds;            /* scratch for mcclTransportProgress: the connections, the
+                                     connector's sockets and the wake pipe */
   int* pfd_peer;
   char self_addr[MCCL_ADDR_STRLEN];
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
@@ -185,7 +192,20 @@ typedef struct {
  * fail the handshake (strangers, wrong token or generation, duplicate or out-of-range ranks) are
  * closed and logged; the mesh goes on. `peer_addrs[r]` is rank r's published address. Once its
  * own connections are open a rank sends READY on each and returns only when every peer has sent
- * its READY, so that no rank's init succeeds while another's fails.
+ * its READY, so that no rank's init succeeds while another's fails. The transport owns
+ * `listen_fd` from the call on, whatever it returns.
+ *
+ * With `runtime_connect` set, nothing is dialled here: the transport keeps `listen_fd` and
+ * connects to a peer when a transfer with it is first posted (NCCL's runtime connection), so a
+ * rank holds sockets only to the peers its collectives and point-to-point calls use (a ring's 2
+ * neighbours, the log2 n partners of recursive doubling and of the dissemination agreement, ...).
+ * The rule is the mesh's: the higher rank dials, the lower one accepts (in every progress round
+ * and while idle, mcclTransportReadAhead), with the same handshake and the same checks. A dial
+ * that is refused three times in a row (50 ms apart) fails the collective at once: the peer's
+ * communicator is gone (its process exited, or its communicator failed, which closes its
+ * listener, or was destroyed). A peer that never dials is named by the collective's timeout.
+ * There is no READY exchange: a rank whose init fails after the address table is published
+ * (it cannot start its threads, say) fails its peers' first collective with it instead.
  *
  * Failures that waiting cannot cure end it at once with t->error naming the cause: a descriptor
  * limit (EMFILE, ENFILE: the message gives the soft RLIMIT_NOFILE, as `ulimit -n` shows it, and
@@ -196,7 +216,10 @@ typedef struct {
  * timeout's message. */
 mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
                                char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
-                               const mcclTransportWatch* watch, int64_t deadline_ns);
+                               const mcclTransportWatch* watch, int64_t deadline_ns, int runtime_connect);
+
+/* Connections open now (for logs, tests and tools: descriptors in use grow with it). */
+int mcclTransportConnected(const mcclTransport* t);
 
 /* For tests and fuzzers: a transport of `nranks` whose connections are already-connected stream
  * sockets (fds[r] < 0: none; the transport owns and closes the others), without a handshake. */
@@ -295,6 +318,44 @@ int mcclTransportSingleHost(const mcclTransport* t);
 
 /* Close every socket and free the transport's memory. */
 void mcclTransportClose(mcclTransport* t);
+
+/* In a child of fork(): close this process's copies of the transport's descriptors (sockets,
+ * listener, handshakes in progress, wake pipe) and nothing else; only close() is called. */
+void mcclTransportForgetDescriptors(mcclTransport* t);
+
+/* ---- between the transport's files (not for its owner) ---------------------------------- */
+
+/* tcp.c: a connection the connector opened to `peer` becomes its link (the sender thread, if
+ * any, is told). */
+void mcclTransportAdopt(mcclTransport* t, int peer, int fd);
+
+/* tcp_connect.c, with runtime connection (t->connector != NULL after init). */
+/* A transfer with `peer` is posted and it has no connection: dial it if it is lower (once; again
+ * after a failure that may pass), else wait for its dial. Errors: a dial that cannot be made
+ * (a descriptor limit, an address that does not parse) or is refused again and again; t->error
+ * names the peer and the cause. */
+mcclResult_t mcclConnectorWant(mcclTransport* t, int peer);
+/* Start the redials that are due, then append the connector's sockets (listener, dials,
+ * handshakes) to pfds from index *np, which it advances. *wait_ms is lowered to the next redial
+ * when one is due sooner. Errors: those of mcclConnectorWant. */
+mcclResult_t mcclConnectorPollAdd(mcclTransport* t, struct pollfd* pfds, int* np, int64_t* wait_ms);
+/* Handle what poll() reported for the entries [first, np) that mcclConnectorPollAdd added. */
+mcclResult_t mcclConnectorHandle(mcclTransport* t, const struct pollfd* pfds, int first, int np);
+/* Why `peer` has no connection yet, for a timeout's message. */
+void mcclConnectorDescribe(const mcclTransport* t, int peer, char* out, size_t cap);
+/* A failing rank (mcclTransportFail): each dial whose hello is out becomes a link (its peer may
+ * have taken it as one already), so that it gets the ABORT frame; the other handshakes close. The
+ * listener stays open (its dialers wait instead of being refused) until mcclConnectorFree. */
+void mcclConnectorFailing(mcclTransport* t);
+/* A failing rank's NOTICE to `peer`, which it has no link with (wire.h): a connecting socket, or
+ * -1; once it is writable, mcclConnectorNoticeSend writes the NOTICE hello and the ABORT frame
+ * (`hdr`, then `len` bytes of reason) in one go: 0, or -1 when it could not. */
+int mcclConnectorNoticeDial(mcclTransport* t, int peer);
+int mcclConnectorNoticeSend(mcclTransport* t, int fd, int peer, const uint8_t* hdr, const char* reason, size_t len);
+/* Close the listener and every handshake in progress, and free the connector. */
+void mcclConnectorFree(mcclTransport* t);
+/* The most pollfd entries mcclConnectorPollAdd appends, for a transport of `nranks`. */
+int mcclConnectorMaxPoll(int nranks);
 
 /* mcclCollName, mcclDtypeName, mcclOpName and mcclFrameDescribe (for error messages) are declared
  * in wire.h. */

@@ -32,6 +32,26 @@ typedef struct {
   char addr[MCCL_ADDR_STRLEN];
 } mcclPending;
 
+/* The room for the last reason a dial to each rank failed, for the timeout's message. */
+#define MCCL_WHY_BYTES 320
+
+struct mcclConnector {
+  int listen_fd;                    /* owned; accepted connections come from here */
+  mcclTransportAuth auth;
+  int cap;                          /* pending slots: [0, nranks) the dial to each lower rank (slot
+                                       == its rank), [nranks, cap) accepted connections that have
+                                       not finished their hello */
+  mcclPending* pend;
+  int live;                         /* slots holding a socket */
+  int64_t* retry_at;                /* [nranks] when a failed dial is tried again (0: none due) */
+  int retries;                      /* entries of retry_at that are set */
+  int* refused;                     /* [nranks] dials refused in a row */
+  char (*last_why)[MCCL_WHY_BYTES]; /* [nranks] why the last dial to each rank failed */
+  int* slot_of;                     /* [cap + 1] pollfd entry - first -> slot (-1: the listener) */
+  int runtime;                      /* init is over: dials start on demand and refusals count */
+  char needs[400];                  /* descriptorNeeds, for the messages of descriptor limits */
+};
+
 /* With every slot for unauthenticated connections taken, the one that has waited longest for its
  * hello (at least this long) makes room: idle strangers cannot lock ranks out. */
 #define PENDING_EVICT_AFTER_MS 200
@@ -58,6 +78,7 @@ static mcclWireStatus helloCheck(const mcclTransport* t, const mcclTransportAuth
   e.peer = expect_rank;
   e.connected = connectedRank;
   e.ctx = t;
+  e.notice_ok = t->connector != NULL && t->connector->runtime;
   return mcclHelloCheck(buf, &e, h, why, cap);
 }
 
@@ -84,9 +105,6 @@ static void helloMake(const mcclTransport* t, const mcclTransportAuth* auth, int
 
 /* How long a failed dial waits before the next attempt. */
 #define MCCL_REDIAL_MS 50
-
-/* The room for the last reason a dial to each rank failed, for the timeout's message. */
-#define MCCL_WHY_BYTES 320
 
 /* Start a non-blocking connect to `addr_text` for `p`. Returns 0, or -1 with why[cap] saying what
  * failed and with errno's text, and with *fatal set when waiting cannot cure it (a descriptor limit
@@ -163,10 +181,6 @@ static int acceptRetry(int err) {
  * returning can make the loop spin without polling. */
 #define MCCL_ACCEPTS_PER_PASS 64
 
-static void pendingClose(mcclPending* p) {
-  if (p->fd >= 0) close(p->fd);
-  p->fd = -1;
-}
 
 /* The memory and the wake pipe of a transport with no connections yet. */
 static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
@@ -175,8 +189,9 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
   t->nranks = nranks;
   t->wake[0] = t->wake[1] = -1;
   t->conns = calloc((size_t)nranks, sizeof(mcclConn));
-  t->pfds = calloc((size_t)nranks + 1, sizeof(struct pollfd));
-  t->pfd_peer = calloc((size_t)nranks + 1, sizeof(int));
+  size_t npoll = (size_t)nranks + 1 + (size_t)mcclConnectorMaxPoll(nranks);
+  t->pfds = calloc(npoll, sizeof(struct pollfd));
+  t->pfd_peer = calloc(npoll, sizeof(int));
   if (!t->conns || !t->pfds || !t->pfd_peer) {
     snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
     return mcclSystemError;
@@ -341,64 +356,377 @@ mcclResult_t mcclTransportFromFds(mcclTransport* t, int rank, int nranks, const 
   return mcclSuccess;
 }
 
+/* ---- the connector ----------------------------------------------------------------------- */
+
+
+/* Refusals in a row after which a dial during collectives fails (MCCL_REDIAL_MS apart): nothing
+ * listens at the peer's address any more (tcp.h, mcclTransportInit). */
+#define MCCL_REFUSALS_FATAL 3
+
+int mcclConnectorMaxPoll(int nranks) { return nranks + MAX_PENDING_INCOMING + 1; }
+
+static void slotClose(mcclConnector* k, mcclPending* p) {
+  if (p->fd < 0) return;
+  close(p->fd);
+  p->fd = -1;
+  k->live--;
+}
+
+/* The slot's socket became a link: it is the transport's now. */
+static void slotAdopt(mcclTransport* t, mcclPending* p) {
+  mcclTransportAdopt(t, p->peer, p->fd);
+  p->fd = -1;
+  t->connector->live--;
+}
+
+static void retryLater(mcclConnector* k, int peer, int64_t after_ms) {
+  if (k->retry_at[peer] == 0) k->retries++;
+  k->retry_at[peer] = mcclNowNs() + after_ms * 1000000LL;
+}
+
+static mcclResult_t connectorOpen(mcclTransport* t, int listen_fd, const mcclTransportAuth* auth) {
+  mcclConnector* k = calloc(1, sizeof(*k));
+  int n = t->nranks;
+  if (k != NULL) {
+    k->cap = n + MAX_PENDING_INCOMING;
+    k->pend = calloc((size_t)k->cap, sizeof(mcclPending));
+    k->retry_at = calloc((size_t)n, sizeof(int64_t));
+    k->refused = calloc((size_t)n, sizeof(int));
+    k->last_why = calloc((size_t)n, sizeof(*k->last_why));
+    k->slot_of = calloc((size_t)k->cap + 1, sizeof(int));
+  }
+  if (k == NULL || !k->pend || !k->retry_at || !k->refused || !k->last_why || !k->slot_of) {
+    if (k != NULL) {
+      free(k->pend);
+      free(k->retry_at);
+      free(k->refused);
+      free(k->last_why);
+      free(k->slot_of);
+      free(k);
+    }
+    if (listen_fd >= 0) close(listen_fd);
+    snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", n);
+    return mcclSystemError;
+  }
+  for (int i = 0; i < k->cap; i++) k->pend[i].fd = -1;
+  k->listen_fd = listen_fd;
+  k->auth = *auth;
+  descriptorNeeds(t, k->needs, sizeof(k->needs));
+  t->connector = k;
+  return mcclSuccess;
+}
+
+void mcclConnectorFree(mcclTransport* t) {
+  mcclConnector* k = t->connector;
+  if (k == NULL) return;
+  for (int i = 0; i < k->cap; i++) slotClose(k, &k->pend[i]);
+  if (k->listen_fd >= 0) close(k->listen_fd);
+  free(k->pend);
+  free(k->retry_at);
+  free(k->refused);
+  free(k->last_why);
+  free(k->slot_of);
+  free(k);
+  t->connector = NULL;
+}
+
+void mcclTransportForgetDescriptors(mcclTransport* t) {
+  if (t->conns != NULL)
+    for (int r = 0; r < t->nranks; r++)
+      if (t->conns[r].fd >= 0) {
+        close(t->conns[r].fd);
+        t->conns[r].fd = -1;
+      }
+  for (int k = 0; k < 2; k++)
+    if (t->wake[k] >= 0) {
+      close(t->wake[k]);
+      t->wake[k] = -1;
+    }
+  mcclConnector* c = t->connector;
+  if (c == NULL) return;
+  for (int i = 0; i < c->cap; i++)
+    if (c->pend[i].fd >= 0) {
+      close(c->pend[i].fd);
+      c->pend[i].fd = -1;
+    }
+  if (c->listen_fd >= 0) close(c->listen_fd);
+  c->listen_fd = -1;
+}
+
+int mcclTransportConnected(const mcclTransport* t) {
+  int n = 0;
+  for (int r = 0; r < t->nranks; r++) n += r != t->rank && t->conns[r].fd >= 0;
+  return n;
+}
+
+/* Dial lower rank `r` now. A failure that may pass schedules a retry; the others fail. */
+static mcclResult_t startDial(mcclTransport* t, int r) {
+  mcclConnector* k = t->connector;
+  mcclPending* p = &k->pend[r];
+  if (k->retry_at[r] != 0) k->retries--;
+  k->retry_at[r] = 0;
+  p->peer = r;
+  p->outgoing = 1;
+  snprintf(p->addr, sizeof(p->addr), "%s", t->conns[r].addr);
+  int fatal = 0;
+  if (dial(p, t->conns[r].addr, k->last_why[r], sizeof(k->last_why[r]), &fatal) == 0) {
+    k->live++;
+    return mcclSuccess;
+  }
+  if (!fatal) {
+    retryLater(k, r, MCCL_REDIAL_MS);
+    return mcclSuccess;
+  }
+  snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot dial rank %d at %s: %s; %s", t->rank, t->self_addr, r,
+           t->conns[r].addr, k->last_why[r], k->needs);
+  return strncmp(k->last_why[r], "its published", 13) == 0 ? mcclInvalidArgument : mcclSystemError;
+}
+
+mcclResult_t mcclConnectorWant(mcclTransport* t, int peer) {
+  mcclConnector* k = t->connector;
+  if (peer > t->rank || t->conns[peer].fd >= 0) return mcclSuccess; /* a higher rank dials us */
+  if (k->pend[peer].fd >= 0 || k->retry_at[peer] != 0) return mcclSuccess; /* under way */
+  return startDial(t, peer);
+}
+
+mcclResult_t mcclConnectorPollAdd(mcclTransport* t, struct pollfd* pfds, int* np, int64_t* wait_ms) {
+  mcclConnector* k = t->connector;
+  if (k->retries > 0) {
+    int64_t now = mcclNowNs();
+    for (int r = 0; r < t->rank; r++) {
+      int64_t at = k->retry_at[r];
+      if (at == 0) continue;
+      if (now >= at) {
+        MCCLCHECK(startDial(t, r));
+        continue;
+      }
+      int64_t ms = (at - now + 999999) / 1000000;
+      if (ms < *wait_ms) *wait_ms = ms;
+    }
+  }
+  int first = *np, e = first;
+  if (k->listen_fd >= 0) {
+    pfds[e].fd = k->listen_fd;
+    pfds[e].events = POLLIN;
+    pfds[e].revents = 0;
+    k->slot_of[e++ - first] = -1;
+  }
+  for (int i = 0; i < k->cap && k->live > 0; i++) {
+    mcclPending* p = &k->pend[i];
+    if (p->fd < 0) continue;
+    pfds[e].fd = p->fd;
+    pfds[e].events = p->state == PEND_RECV ? POLLIN : POLLOUT;
+    pfds[e].revents = 0;
+    k->slot_of[e++ - first] = i;
+  }
+  *np = e;
+  return mcclSuccess;
+}
+
+/* Take every connection waiting on the listener into a slot of its own, for its hello. */
+static mcclResult_t acceptAll(mcclTransport* t) {
+  mcclConnector* k = t->connector;
+  for (int a = 0; a < MCCL_ACCEPTS_PER_PASS; a++) {
+    mcclSockaddr from;
+    socklen_t fromlen = sizeof(from.ss);
+    int fd = mcclSocketAccept(k->listen_fd, &from.sa, &fromlen);
+    if (fd < 0) {
+      int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      if (acceptRetry(err)) continue;
+      /* The connection stays queued, so the listener stays readable: polling again would spin
+       * until the deadline. A descriptor limit does not lift while this rank waits. */
+      char text[MCCL_WHY_BYTES];
+      mcclSocketErrorText(err, text, sizeof(text));
+      snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot accept the connections of its peers: "
+               "accept(): %s; %s", t->rank, t->self_addr, text, k->needs);
+      return mcclSystemError;
+    }
+    int slot = -1, oldest = -1;
+    for (int i = t->nranks; i < k->cap && slot < 0; i++) {
+      if (k->pend[i].fd < 0) slot = i;
+      else if (oldest < 0 || k->pend[i].since_ns < k->pend[oldest].since_ns) oldest = i;
+    }
+    char text[MCCL_ADDR_STRLEN];
+    mcclSockaddrFormat(&from, text, sizeof(text));
+    if (slot < 0 && oldest >= 0 && mcclNowNs() - k->pend[oldest].since_ns >= PENDING_EVICT_AFTER_MS * 1000000LL) {
+      WARN("rank %d: closed connection from %s: no hello after %.1f s while more connections wait", t->rank,
+           k->pend[oldest].addr, (double)(mcclNowNs() - k->pend[oldest].since_ns) / 1e9);
+      slotClose(k, &k->pend[oldest]);
+      slot = oldest;
+    }
+    if (slot < 0) {
+      WARN("rank %d: refused connection from %s: too many unauthenticated connections", t->rank, text);
+      close(fd);
+      continue;
+    }
+    if (mcclSocketTune(fd) != 0) {
+      WARN("rank %d: closed connection from %s: setting its socket options failed: %s", t->rank, text,
+           strerror(errno));
+      close(fd);
+      continue;
+    }
+    mcclPending* p = &k->pend[slot];
+    memset(p, 0, sizeof(*p));
+    p->fd = fd;
+    p->peer = -1;
+    p->state = PEND_RECV;
+    p->since_ns = mcclNowNs();
+    snprintf(p->addr, sizeof(p->addr), "%s", text);
+    k->live++;
+  }
+  return mcclSuccess;
+}
+
+/* One step of a slot's handshake, its socket being ready for it. */
+static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
+  mcclConnector* k = t->connector;
+  char why[160];
+  const char* reject = NULL;
+  if (p->state == PEND_CONNECTING) {
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err != 0) {
+      int peer = p->peer;
+      snprintf(k->last_why[peer], sizeof(k->last_why[0]), "connect(): %s", strerror(err));
+      slotClose(k, p);
+      if (k->runtime && err == ECONNREFUSED && ++k->refused[peer] >= MCCL_REFUSALS_FATAL) {
+        snprintf(t->error, sizeof(t->error), "rank %d (%s) refused rank %d's connection %d times in a row: "
+                 "nothing listens there any more, so its communicator is gone (its process exited, or its "
+                 "communicator failed or was destroyed; see that rank's error)", peer, t->conns[peer].addr,
+                 t->rank, k->refused[peer]);
+        return mcclRemoteError;
+      }
+      retryLater(k, peer, MCCL_REDIAL_MS);
+      return mcclSuccess;
+    }
+    k->refused[p->peer] = 0;
+    helloMake(t, &k->auth, MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
+    p->state = PEND_SEND;
+    p->done = 0;
+  }
+  if (p->state == PEND_SEND) {
+    ssize_t w = send(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, MCCL_MSG_NOSIGNAL);
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return mcclSuccess;
+    if (w <= 0) {
+      reject = strerror(errno);
+    } else if ((p->done += (size_t)w) == MCCL_HELLO_BYTES) {
+      if (p->outgoing) {
+        p->state = PEND_RECV;
+        p->done = 0;
+      } else { /* ack sent: the incoming connection is established */
+        INFO(MCCL_SUB_INIT, "rank %d: accepted rank %d from %s", t->rank, p->peer, p->addr);
+        slotAdopt(t, p);
+      }
+    }
+  } else if (p->state == PEND_RECV) {
+    ssize_t r = recv(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return mcclSuccess;
+    if (r <= 0) {
+      reject = r == 0 ? "closed before finishing the handshake" : strerror(errno);
+    } else if ((p->done += (size_t)r) == MCCL_HELLO_BYTES) {
+      mcclHello h;
+      if (helloCheck(t, &k->auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO, p->peer, &h,
+                     why, sizeof(why)) != MCCL_WIRE_OK)
+        reject = why;
+      if (reject == NULL && p->outgoing) {
+        INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", t->rank, p->peer, p->addr);
+        slotAdopt(t, p);
+      } else if (reject == NULL && h.kind == MCCL_HELLO_KIND_NOTICE) {
+        p->peer = (int)h.rank; /* its ABORT frame follows: the link reads it (wire.h) */
+        INFO(MCCL_SUB_INIT, "rank %d: rank %d (%s) connected to say it failed", t->rank, p->peer, p->addr);
+        slotAdopt(t, p);
+      } else if (reject == NULL) {
+        p->peer = (int)h.rank;
+        helloMake(t, &k->auth, MCCL_HELLO_KIND_ACK, p->peer, p->buf);
+        p->state = PEND_SEND;
+        p->done = 0;
+        /* Reserve the rank now so that a duplicate hello is refused. */
+        for (int i = t->nranks; i < k->cap; i++)
+          if (&k->pend[i] != p && k->pend[i].fd >= 0 && k->pend[i].peer == p->peer) {
+            WARN("rank %d: closing duplicate connection for rank %d from %s", t->rank, p->peer, k->pend[i].addr);
+            slotClose(k, &k->pend[i]);
+          }
+      }
+    }
+  }
+  if (reject != NULL) {
+    if (p->outgoing) {
+      snprintf(k->last_why[p->peer], sizeof(k->last_why[0]), "%s", reject);
+      INFO(MCCL_SUB_INIT, "rank %d: handshake with rank %d at %s failed (%s); retrying", t->rank, p->peer, p->addr,
+           reject);
+      slotClose(k, p);
+      retryLater(k, p->peer, 100);
+    } else {
+      WARN("rank %d: rejected connection from %s: %s", t->rank, p->addr, reject);
+      slotClose(k, p);
+    }
+  }
+  return mcclSuccess;
+}
+
+mcclResult_t mcclConnectorHandle(mcclTransport* t, const struct pollfd* pfds, int first, int np) {
+  mcclConnector* k = t->connector;
+  for (int e = first; e < np; e++) {
+    if (pfds[e].revents == 0) continue;
+    int slot = k->slot_of[e - first];
+    if (slot < 0) {
+      MCCLCHECK(acceptAll(t));
+      continue;
+    }
+    mcclPending* p = &k->pend[slot];
+    if (p->fd != pfds[e].fd) continue; /* evicted above; the slot holds a newer connection */
+    MCCLCHECK(pendingStep(t, p));
+  }
+  return mcclSuccess;
+}
+
+void mcclConnectorDescribe(const mcclTransport* t, int peer, char* out, size_t cap) {
+  const mcclConnector* k = t->connector;
+  if (k == NULL) {
+    snprintf(out, cap, "it never connected");
+  } else if (peer > t->rank) {
+    snprintf(out, cap, "it has not connected to this rank (the higher rank of a pair dials when it first "
+             "needs the other): it is stalled, exited, or issued different collectives");
+  } else if (k->pend[peer].fd >= 0) {
+    snprintf(out, cap, "this rank's connection to it is open but its handshake is unanswered: that rank is "
+             "stalled or busy outside the library%s%s", k->last_why[peer][0] ? "; an earlier dial: " : "",
+             k->last_why[peer]);
+  } else {
+    snprintf(out, cap, "this rank's dials to it failed: %s", k->last_why[peer][0] ? k->last_why[peer] : "not yet dialled");
+  }
+}
+
 mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int listen_fd,
                                char (*peer_addrs)[MCCL_ADDR_STRLEN], const mcclTransportAuth* auth,
-                               const mcclTransportWatch* watch, int64_t deadline_ns) {
-  int npend_cap = nranks + MAX_PENDING_INCOMING;
-  mcclPending* pend = calloc((size_t)npend_cap, sizeof(mcclPending));
-  struct pollfd* pfds = calloc((size_t)npend_cap + 1, sizeof(struct pollfd));
-  int64_t* retry_at = calloc((size_t)nranks, sizeof(int64_t));
-  char (*last_why)[MCCL_WHY_BYTES] = calloc((size_t)nranks, sizeof(*last_why));
-  char needs[400];
-  if (pend != NULL) /* before any failure can reach `done`, which closes every slot's fd */
-    for (int r = 0; r < npend_cap; r++) pend[r].fd = -1;
+                               const mcclTransportWatch* watch, int64_t deadline_ns, int runtime_connect) {
   mcclResult_t res = transportAlloc(t, rank, nranks);
-  if (res != mcclSuccess) goto done;
-  if (!pend || !pfds || !retry_at || !last_why) {
-    snprintf(t->error, sizeof(t->error), "out of memory setting up %d connections", nranks);
-    res = mcclSystemError;
-    goto done;
+  if (res != mcclSuccess) {
+    if (listen_fd >= 0) close(listen_fd);
+    return res;
   }
   for (int r = 0; r < nranks; r++)
     snprintf(t->conns[r].addr, sizeof(t->conns[r].addr), "%s", peer_addrs[r]);
   snprintf(t->self_addr, sizeof(t->self_addr), "%s", peer_addrs[rank]);
-
-  descriptorNeeds(t, needs, sizeof(needs));
-
-  /* Outgoing: one pending slot per lower rank (slot index == rank). Dials that fail for a reason
-   * waiting can cure are retried; the others end init now, naming the cause. */
-  int remaining = nranks - 1, fatal = 0;
-  for (int r = 0; r < rank; r++) {
-    pend[r].peer = r;
-    pend[r].outgoing = 1;
-    snprintf(pend[r].addr, sizeof(pend[r].addr), "%s", peer_addrs[r]);
+  if (nranks < 2) {
+    if (listen_fd >= 0) close(listen_fd);
+    return mcclSuccess;
   }
-  int fatal_peer = -1; /* the rank whose dial failed with `fatal` set */
-  for (int r = 0; r < rank && !fatal; r++)
-    if (dial(&pend[r], peer_addrs[r], last_why[r], sizeof(last_why[r]), &fatal) != 0) {
-      if (fatal) fatal_peer = r;
-      else retry_at[r] = mcclNowNs() + MCCL_REDIAL_MS * 1000000LL;
-    }
+  MCCLCHECK(connectorOpen(t, listen_fd, auth));
+  mcclConnector* k = t->connector;
+  if (runtime_connect) {
+    k->runtime = 1;
+    INFO(MCCL_SUB_INIT, "rank %d: connects to its peers when it first needs them (MCCL_RUNTIME_CONNECT)", rank);
+    return mcclSuccess;
+  }
+  /* The eager mesh: a dial to every lower rank; dials that fail for a reason waiting can cure
+   * are retried; the others end init now, naming the cause. */
+  for (int r = 0; r < rank; r++)
+    if ((res = startDial(t, r)) != mcclSuccess) goto done;
   int64_t next_watch = mcclNowNs() + MCCL_INIT_WATCH_MS * 1000000LL;
-
-  while (remaining > 0) {
+  while (mcclTransportConnected(t) < nranks - 1) {
     int64_t now = mcclNowNs();
-    /* Redial peers whose earlier attempt failed. */
-    for (int r = 0; r < rank && !fatal; r++)
-      if (t->conns[r].fd < 0 && pend[r].fd < 0 && retry_at[r] && now >= retry_at[r]) {
-        retry_at[r] = 0;
-        if (dial(&pend[r], peer_addrs[r], last_why[r], sizeof(last_why[r]), &fatal) != 0) {
-          if (fatal) fatal_peer = r;
-          else retry_at[r] = now + MCCL_REDIAL_MS * 1000000LL;
-        }
-      }
-    if (fatal) {
-      int r = fatal_peer;
-      snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot dial rank %d at %s: %s; %s", rank,
-               t->self_addr, r, peer_addrs[r], last_why[r], needs);
-      res = strncmp(last_why[r], "its published", 13) == 0 ? mcclInvalidArgument : mcclSystemError;
-      goto done;
-    }
     if (watchSaysFailed(t, watch, now, &next_watch)) {
       res = mcclRemoteError;
       goto done;
@@ -408,176 +736,67 @@ mcclResult_t mcclTransportInit(mcclTransport* t, int rank, int nranks, int liste
       size_t len = 0;
       for (int r = 0; r < nranks && len + 100 < sizeof(missing); r++) {
         if (r == rank || t->conns[r].fd >= 0) continue;
-        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%d (%s%s%s)",
-                                len ? ", " : "", r, peer_addrs[r], last_why[r][0] ? ": " : "",
-                                last_why[r]);
+        const char* why = r < rank ? k->last_why[r] : "";
+        len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%d (%s%s%s)", len ? ", " : "", r,
+                                peer_addrs[r], why[0] ? ": " : "", why);
       }
-      snprintf(t->error, sizeof(t->error),
-               "timed out connecting rank %d (%s) to its peers; still missing rank %s", rank,
-               t->self_addr, missing);
+      snprintf(t->error, sizeof(t->error), "timed out connecting rank %d (%s) to its peers; still missing rank %s",
+               rank, t->self_addr, missing);
       res = mcclTimeout;
       goto done;
     }
-    int np = 0;
-    pfds[np].fd = listen_fd;
-    pfds[np].events = POLLIN;
-    np++;
-    int slot_of[npend_cap + 1];
-    for (int i = 0; i < npend_cap; i++) {
-      if (pend[i].fd < 0) continue;
-      pfds[np].fd = pend[i].fd;
-      pfds[np].events = (pend[i].state == PEND_RECV) ? POLLIN : POLLOUT;
-      slot_of[np] = i;
-      np++;
-    }
-    int wait_ms = (int)((deadline_ns - now) / 1000000LL);
+    int64_t wait_ms = (deadline_ns - now) / 1000000LL;
     if (wait_ms > 50) wait_ms = 50;
+    int np = 0;
+    if ((res = mcclConnectorPollAdd(t, t->pfds, &np, &wait_ms)) != mcclSuccess) goto done;
     if (wait_ms < 1) wait_ms = 1;
-    int n = poll(pfds, (nfds_t)np, wait_ms);
+    int n = poll(t->pfds, (nfds_t)np, (int)wait_ms);
     if (n < 0 && errno != EINTR) {
       snprintf(t->error, sizeof(t->error), "poll() failed: %s", strerror(errno));
       res = mcclSystemError;
       goto done;
     }
-    if (n <= 0) continue;
-    if (pfds[0].revents & POLLIN) {
-      for (int k = 0; k < MCCL_ACCEPTS_PER_PASS; k++) {
-        mcclSockaddr from;
-        socklen_t fromlen = sizeof(from.ss);
-        int fd = mcclSocketAccept(listen_fd, &from.sa, &fromlen);
-        if (fd < 0) {
-          int err = errno;
-          if (err == EAGAIN || err == EWOULDBLOCK) break;
-          if (acceptRetry(err)) continue;
-          /* The connection stays queued, so the listener stays readable: polling again would spin
-           * until the deadline. A descriptor limit does not lift while this rank waits. */
-          char text[MCCL_WHY_BYTES];
-          mcclSocketErrorText(err, text, sizeof(text));
-          snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot accept the connections of its peers: "
-                   "accept(): %s; %s", rank, t->self_addr, text, needs);
-          res = mcclSystemError;
-          goto done;
-        }
-        int slot = -1, oldest = -1;
-        for (int i = nranks; i < npend_cap && slot < 0; i++) {
-          if (pend[i].fd < 0) slot = i;
-          else if (oldest < 0 || pend[i].since_ns < pend[oldest].since_ns) oldest = i;
-        }
-        char text[MCCL_ADDR_STRLEN];
-        mcclSockaddrFormat(&from, text, sizeof(text));
-        if (slot < 0 && oldest >= 0 && mcclNowNs() - pend[oldest].since_ns >= PENDING_EVICT_AFTER_MS * 1000000LL) {
-          WARN("rank %d: closed connection from %s: no hello after %.1f s while more connections wait",
-               rank, pend[oldest].addr, (double)(mcclNowNs() - pend[oldest].since_ns) / 1e9);
-          close(pend[oldest].fd);
-          pend[oldest].fd = -1;
-          slot = oldest;
-        }
-        if (slot < 0) {
-          WARN("rank %d: refused connection from %s: too many unauthenticated connections", rank, text);
-          close(fd);
-          continue;
-        }
-        if (mcclSocketTune(fd) != 0) {
-          WARN("rank %d: closed connection from %s: setting its socket options failed: %s", rank, text,
-               strerror(errno));
-          close(fd);
-          continue;
-        }
-        memset(&pend[slot], 0, sizeof(pend[slot]));
-        pend[slot].fd = fd;
-        pend[slot].peer = -1;
-        pend[slot].state = PEND_RECV;
-        pend[slot].since_ns = mcclNowNs();
-        snprintf(pend[slot].addr, sizeof(pend[slot].addr), "%s", text);
-      }
-    }
-    for (int k = 1; k < np; k++) {
-      if (pfds[k].revents == 0) continue;
-      mcclPending* p = &pend[slot_of[k]];
-      if (p->fd != pfds[k].fd) continue; /* evicted above; the slot holds a newer connection */
-      char why[160];
-      const char* reject = NULL;
-      if (p->state == PEND_CONNECTING) {
-        int err = 0;
-        socklen_t el = sizeof(err);
-        getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err != 0) {
-          snprintf(last_why[p->peer], sizeof(last_why[0]), "connect(): %s", strerror(err));
-          pendingClose(p);
-          retry_at[p->peer] = mcclNowNs() + MCCL_REDIAL_MS * 1000000LL;
-          continue;
-        }
-        helloMake(t, auth, MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
-        p->state = PEND_SEND;
-        p->done = 0;
-      }
-      if (p->state == PEND_SEND) {
-        ssize_t w = send(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, MCCL_MSG_NOSIGNAL);
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-        if (w <= 0) {
-          reject = strerror(errno);
-        } else if ((p->done += (size_t)w) == MCCL_HELLO_BYTES) {
-          if (p->outgoing) {
-            p->state = PEND_RECV;
-            p->done = 0;
-          } else { /* ack sent: the incoming connection is established */
-            t->conns[p->peer].fd = p->fd;
-            p->fd = -1;
-            remaining--;
-            INFO(MCCL_SUB_INIT, "rank %d: accepted rank %d from %s", rank, p->peer, p->addr);
-          }
-        }
-      } else if (p->state == PEND_RECV) {
-        ssize_t r = recv(p->fd, p->buf + p->done, MCCL_HELLO_BYTES - p->done, 0);
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-        if (r <= 0) {
-          reject = r == 0 ? "closed before finishing the handshake" : strerror(errno);
-        } else if ((p->done += (size_t)r) == MCCL_HELLO_BYTES) {
-          mcclHello h;
-          if (helloCheck(t, auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO,
-                         p->peer, &h, why, sizeof(why)) != MCCL_WIRE_OK)
-            reject = why;
-          if (reject == NULL && p->outgoing) {
-            t->conns[p->peer].fd = p->fd;
-            p->fd = -1;
-            remaining--;
-            INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", rank, p->peer, p->addr);
-          } else if (reject == NULL) {
-            p->peer = (int)h.rank;
-            helloMake(t, auth, MCCL_HELLO_KIND_ACK, p->peer, p->buf);
-            p->state = PEND_SEND;
-            p->done = 0;
-            /* Reserve the rank now so that a duplicate hello is refused. */
-            for (int i = nranks; i < npend_cap; i++)
-              if (&pend[i] != p && pend[i].fd >= 0 && pend[i].peer == p->peer) {
-                WARN("rank %d: closing duplicate connection for rank %d from %s", rank, p->peer, pend[i].addr);
-                pendingClose(&pend[i]);
-              }
-          }
-        }
-      }
-      if (reject != NULL) {
-        if (p->outgoing) {
-          snprintf(last_why[p->peer], sizeof(last_why[0]), "%s", reject);
-          INFO(MCCL_SUB_INIT, "rank %d: handshake with rank %d at %s failed (%s); retrying", rank,
-               p->peer, p->addr, reject);
-          pendingClose(p);
-          retry_at[p->peer] = mcclNowNs() + 100 * 1000000LL;
-        } else {
-          WARN("rank %d: rejected connection from %s: %s", rank, p->addr, reject);
-          pendingClose(p);
-        }
-      }
-    }
+    if (n > 0 && (res = mcclConnectorHandle(t, t->pfds, 0, np)) != mcclSuccess) goto done;
   }
   res = meshReady(t, auth, watch, deadline_ns);
 done:
-  if (pend != NULL)
-    for (int i = 0; i < npend_cap; i++) pendingClose(&pend[i]);
-  free(pend);
-  free(pfds);
-  free(retry_at);
-  free(last_why);
+  mcclConnectorFree(t); /* the mesh is complete (or failed): nobody else may connect */
   return res;
 }
 
+void mcclConnectorFailing(mcclTransport* t) {
+  mcclConnector* k = t->connector;
+  if (k == NULL) return;
+  for (int i = 0; i < k->cap; i++) {
+    mcclPending* p = &k->pend[i];
+    if (p->fd < 0) continue;
+    /* A dial whose hello is out may be its peer's link already (it adopts it as it acks). */
+    if (p->outgoing && p->state == PEND_RECV && t->conns[p->peer].fd < 0) slotAdopt(t, p);
+    else slotClose(k, p);
+  }
+}
+
+int mcclConnectorNoticeDial(mcclTransport* t, int peer) {
+  mcclPending p;
+  memset(&p, 0, sizeof(p));
+  p.fd = -1;
+  char why[MCCL_WHY_BYTES];
+  int fatal = 0;
+  return dial(&p, t->conns[peer].addr, why, sizeof(why), &fatal) == 0 ? p.fd : -1;
+}
+
+int mcclConnectorNoticeSend(mcclTransport* t, int fd, int peer, const uint8_t* hdr, const char* reason,
+                            size_t len) {
+  int err = 0;
+  socklen_t el = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) return -1;
+  uint8_t hello[MCCL_HELLO_BYTES];
+  helloMake(t, &t->connector->auth, MCCL_HELLO_KIND_NOTICE, peer, hello);
+  struct iovec iov[3] = {{hello, sizeof(hello)}, {(void*)hdr, MCCL_FRAME_BYTES}, {(void*)reason, len}};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 3;
+  ssize_t n = sendmsg(fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
+  return n == (ssize_t)(sizeof(hello) + MCCL_FRAME_BYTES + len) ? 0 : -1;
+}

@@ -39,22 +39,23 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     len = MCCL_MAX_ABORT_REASON;
   }
   mcclTransportStopSender(t); /* what is half-written stays so: send_midframe is final */
+  mcclConnectorFailing(t);    /* handshakes under way: links (then told below) or closed */
   /* Peers that already failed or closed have spoken; the others may yet, during the linger. */
   char* heard = calloc((size_t)t->nranks, 1);
   for (int r = 0; r < t->nranks && heard != NULL; r++) heard[r] = r == t->rank || t->conns[r].fd < 0 || t->conns[r].dead;
+  mcclFrame f;
+  memset(&f, 0, sizeof(f));
+  f.type = MCCL_FRAME_ABORT;
+  f.seq = t->settled; /* peers completing a collective this rank did not complete fail it too */
+  f.length = (uint32_t)len;
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  mcclFrameEncode(hdr, &f);
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0) continue;
     /* Only where no frame is half-written: otherwise the ABORT header would land mid-payload.
      * (The posted transfers themselves may be gone: the failed algorithm has returned.) */
     if (!c->dead && !c->send_midframe) {
-      mcclFrame f;
-      memset(&f, 0, sizeof(f));
-      f.type = MCCL_FRAME_ABORT;
-      f.seq = t->settled; /* peers completing a collective this rank did not complete fail it too */
-      f.length = (uint32_t)len;
-      uint8_t hdr[MCCL_FRAME_BYTES];
-      mcclFrameEncode(hdr, &f);
       struct iovec iov[2] = {{hdr, sizeof(hdr)}, {(void*)reason, len}};
       struct msghdr msg;
       memset(&msg, 0, sizeof(msg));
@@ -68,6 +69,14 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     if (c->dead_reason[0] == '\0') snprintf(c->dead_reason, sizeof(c->dead_reason), "this rank failed");
   }
   mcclTransportCancel(t);
+  /* With runtime connection, the peers this rank has no link with get the ABORT frame too, each
+   * on a connection of its own (a NOTICE, wire.h): one of them may be waiting for this rank to
+   * dial it, and no link would ever tell it why this rank stopped. Every failing rank sends
+   * them (whoever failed first, a peer may be waiting for any of them): about as many dials as
+   * the eager mesh's init, once, within the linger. */
+  int* notice = t->connector != NULL ? malloc((size_t)t->nranks * sizeof(int)) : NULL;
+  for (int r = 0; r < t->nranks && notice != NULL; r++)
+    notice[r] = r != t->rank && t->conns[r].fd < 0 ? mcclConnectorNoticeDial(t, r) : -1;
   /* Linger: discard what peers still send until each has closed too, or the linger time is up.
    * Past MCCL_FAIL_LINGER_MS it goes on (to four times that) only while two or more peers are
    * still unheard, so that under load a slow live peer is not taken for the stalled one. */
@@ -82,6 +91,12 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
       t->pfds[np].events = POLLIN;
       t->pfd_peer[np++] = r;
     }
+    for (int r = 0; r < t->nranks && notice != NULL; r++) {
+      if (notice[r] < 0) continue;
+      t->pfds[np].fd = notice[r];
+      t->pfds[np].events = POLLOUT;
+      t->pfd_peer[np++] = -1 - r;
+    }
     int64_t now = mcclNowNs();
     int64_t end = (now >= until && unheard <= 1) || heard == NULL ? until : until_max;
     int64_t left_ms = (end - now) / 1000000LL;
@@ -90,6 +105,21 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     if (poll(t->pfds, (nfds_t)np, (int)left_ms) < 0) break;
     for (int k = 0; k < np; k++) {
       if (t->pfds[k].revents == 0) continue;
+      if (t->pfd_peer[k] < 0) { /* a NOTICE's socket: connected (or failed) */
+        int r = -1 - t->pfd_peer[k];
+        if (mcclConnectorNoticeSend(t, notice[r], r, hdr, reason, len) == 0) {
+          /* The peer takes it as its link to this rank and may write to it before it reads the
+           * frame: drained as a link until the linger ends, so that no reset destroys it. */
+          shutdown(notice[r], SHUT_WR);
+          t->conns[r].fd = notice[r];
+          t->conns[r].dead = 1;
+          snprintf(t->conns[r].dead_reason, sizeof(t->conns[r].dead_reason), "this rank failed");
+        } else {
+          close(notice[r]);
+        }
+        notice[r] = -1;
+        continue;
+      }
       char sink[65536];
       ssize_t n = recv(t->pfds[k].fd, sink, sizeof(sink), MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) t->conns[t->pfd_peer[k]].dead = 2;
@@ -108,6 +138,12 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
   }
   if (nsilent == nother) t->silent[0] = '\0'; /* everyone silent: this rank is the one cut off */
   free(heard);
+  for (int r = 0; r < t->nranks && notice != NULL; r++)
+    if (notice[r] >= 0) close(notice[r]);
+  free(notice);
+  /* No connection opens any more: a peer that dials this rank now is refused, and so fails at
+   * once instead of waiting out its timeout (tcp.h, mcclTransportInit). */
+  mcclConnectorFree(t);
 }
 
 /* The failure notice `f` (an ABORT header) from `peer`, with `reason` (`len` bytes, as far as it
@@ -224,6 +260,7 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
 
 void mcclTransportClose(mcclTransport* t) {
   mcclTransportStopSender(t);
+  mcclConnectorFree(t);
   if (t->conns != NULL)
     for (int r = 0; r < t->nranks; r++) {
       if (t->conns[r].fd >= 0) close(t->conns[r].fd);

@@ -99,7 +99,8 @@ mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHell
   if (h.version != MCCL_PROTOCOL_VERSION)
     return reject(MCCL_WIRE_BAD_VERSION, why, cap, "protocol version %u, expected %u", h.version,
                   MCCL_PROTOCOL_VERSION);
-  if (h.kind != e->kind)
+  int notice = e->notice_ok && e->kind == MCCL_HELLO_KIND_HELLO && h.kind == MCCL_HELLO_KIND_NOTICE;
+  if (h.kind != e->kind && !notice)
     return reject(MCCL_WIRE_BAD_KIND, why, cap, "handshake message kind %u, expected %d (%s)", h.kind,
                   e->kind, e->kind == MCCL_HELLO_KIND_HELLO ? "hello" : "ack");
   if (!tokenEqual(h.token, e->token))
@@ -115,7 +116,8 @@ mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHell
     return reject(MCCL_WIRE_BAD_TARGET, why, cap, "meant for rank %u, but this is rank %d", h.target, e->rank);
   if (e->kind == MCCL_HELLO_KIND_HELLO) {
     /* Compare as unsigned: a u32 rank above INT_MAX must not turn negative. */
-    if (h.rank <= (uint32_t)e->rank || h.rank >= (uint32_t)e->nranks)
+    if (notice ? h.rank == (uint32_t)e->rank || h.rank >= (uint32_t)e->nranks
+               : h.rank <= (uint32_t)e->rank || h.rank >= (uint32_t)e->nranks)
       return reject(MCCL_WIRE_BAD_RANK, why, cap, "claims rank %u, which must not dial rank %d", h.rank, e->rank);
     if (e->connected != NULL && e->connected(e->ctx, (int)h.rank))
       return reject(MCCL_WIRE_DUPLICATE, why, cap, "duplicate connection for rank %u", h.rank);
