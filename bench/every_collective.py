@@ -5,7 +5,10 @@ N ranks over loopback (``mccl.cluster.launch``, under ``--deadline``), and each 
 "mccl" process group:
 
 - times ``init_process_group`` and counts the descriptors it added (``/proc/self/fd`` on Linux,
-  through psutil) and, of them, the sockets;
+  through psutil) and, of them, the sockets, then counts its sockets again after a 1 MiB ring
+  all-reduce, a recursive-doubling all-reduce and a broadcast (the peers a training step
+  connects to, with runtime connection), and after every collective (all-to-all connects every
+  peer);
 - runs every collective the backend offers (all_reduce with sum/avg/min/max, reduce, broadcast,
   all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all,
   all_to_all_single with even and uneven splits, gather, scatter, barrier, send/recv and
@@ -82,6 +85,18 @@ def rank_main(args) -> int:
 
     def check(name: str, got, want) -> None:
         checks[name] = bool(torch.equal(got, want.to(got.dtype)))
+
+    # First the collectives a training step uses (a ring all-reduce of 1 MiB, recursive doubling,
+    # a broadcast): with runtime connection (above MCCL_ANNOUNCE_RANKS ranks) the sockets they
+    # open are the ring's neighbours and the log2 n partners; all-to-all below opens the rest.
+    step = (torch.arange(1 << 18, dtype=torch.float32) % 13) + rank
+    dist.all_reduce(step, group=pg)
+    check("all_reduce ring 1 MiB", step, (torch.arange(1 << 18, dtype=torch.float64) % 13) * n + n * (n - 1) / 2)
+    one = torch.tensor([rank + 1], dtype=torch.int64)
+    dist.all_reduce(one, group=pg)
+    check("all_reduce doubling x1", one, torch.tensor([n * (n + 1) // 2]))
+    dist.broadcast(step, src=n - 1, group=pg)
+    socks_step = _sockets() - socks
 
     for count in sorted({1, args.count}):
         for dtype in (torch.float32, torch.int64):
@@ -178,6 +193,7 @@ def rank_main(args) -> int:
 
     every = [None] * n
     mine_report = {"rank": rank, "init_s": init_s, "descriptors": added_fds, "sockets": added_socks,
+                   "sockets_step": socks_step, "sockets_end": _sockets() - socks,
                    "checks": checks, "digest": shared.hexdigest()}
     dist.all_gather_object(every, mine_report, group=control)
     dist.destroy_process_group(pg)
@@ -193,11 +209,16 @@ def rank_main(args) -> int:
                "failed": {k: v for k, v in failed.items() if v}, "digests_equal": len(digests) == 1,
                "init_s_max": init[-1], "init_s_median": init[len(init) // 2],
                "descriptors": sorted({r["descriptors"] for r in every}),
-               "sockets": sorted({r["sockets"] for r in every}), "cpus": os.cpu_count(),
+               "sockets": sorted({r["sockets"] for r in every}),
+               "sockets_step": [min(r["sockets_step"] for r in every), max(r["sockets_step"] for r in every)],
+               "sockets_end": [min(r["sockets_end"] for r in every), max(r["sockets_end"] for r in every)],
+               "cpus": os.cpu_count(),
                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"# every_collective: {n} ranks on {os.cpu_count()} CPUs, --count {args.count}")
     print(f"# mccl group init: slowest rank {summary['init_s_max']:.2f} s, median {summary['init_s_median']:.2f} s")
     print(f"# descriptors the mccl group added per rank: {summary['descriptors']} (sockets {summary['sockets']})")
+    print(f"# its sockets per rank (min, max) after a ring all-reduce, recursive doubling and a broadcast: "
+          f"{summary['sockets_step']}; after every collective (all-to-all included): {summary['sockets_end']}")
     for name in names:
         bad = failed[name]
         print(f"{name:<40} {'ok' if not bad else 'WRONG on ranks ' + ', '.join(map(str, bad[:16]))}")
