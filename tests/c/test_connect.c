@@ -3,12 +3,15 @@
  * so connected on first use by default) a rank opens sockets only to the peers its collectives
  * use: a ring all-reduce adds at most its 2 neighbours and the dissemination agreement's
  * 2 ceil(log2 n) partners, recursive doubling its log2 n partners, a send/recv its peer, and
- * all-to-all every rank. Every result is exact. Sockets are counted with fstat (S_ISSOCK), so
+ * all-to-all every rank. A stranger at a live listener is closed unanswered. Every result is exact. Sockets are counted with fstat (S_ISSOCK), so
  * the count includes the bootstrap store's client and the listener, measured before the first
  * collective.
  */
+#include <netdb.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +26,33 @@ static int socketsOpen(void) {
     if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) n++;
   }
   return n;
+}
+
+/* A blocking TCP connection to "host:port" or "[v6]:port", or -1. */
+static int dialText(const char* text) {
+  char host[128];
+  const char* colon = strrchr(text, ':');
+  if (colon == NULL || (size_t)(colon - text) >= sizeof(host)) return -1;
+  const char* h = text;
+  size_t hl = (size_t)(colon - text);
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+    h++;
+    hl -= 2;
+  }
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  if (getaddrinfo(host, colon + 1, &hints, &res) != 0) return -1;
+  int fd = socket(res->ai_family, SOCK_STREAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  return fd;
 }
 
 static int log2Ceil(int n) {
@@ -51,6 +81,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(bad == 0, "ring all-reduce: %zu of %zu elements wrong on rank %d", bad, count, r);
   int ring = socketsOpen() - base;
   EXPECT(ring <= 2 + 2 * lg, "rank %d: %d sockets after a ring all-reduce, more than 2 + 2 x %d", r, ring, lg);
+  /* Each count is taken before a collective over the same peers that no rank can leave before
+   * every rank has counted: no faster rank dials this one for the next step meanwhile. */
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, count, mcclFloat32, mcclMax, comm, NULL, NULL));
 
   /* Recursive doubling (a small all-reduce). */
   int64_t v = r + 1;
@@ -59,6 +92,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   int doubling = socketsOpen() - base;
   EXPECT(doubling <= 2 + 3 * lg, "rank %d: %d sockets after recursive doubling, more than 2 + 3 x %d", r,
          doubling, lg);
+  EXPECT_OK(comm, mcclAllReduce(&v, &v, 1, mcclInt64, mcclMax, comm, NULL, NULL));
 
   /* Point-to-point to a rank no collective above used (3 away), in both directions. */
   int to = (r + 3) % n, from = (r - 3 + n) % n;
@@ -73,6 +107,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(bad == 0, "send/recv on rank %d: %zu wrong", r, bad);
   int p2p = socketsOpen() - base;
   EXPECT(p2p <= doubling + 2, "rank %d: %d sockets after send/recv, more than %d + 2", r, p2p, doubling);
+  EXPECT_OK(comm, mcclAllReduce(&v, &v, 1, mcclInt64, mcclMax, comm, NULL, NULL));
 
   /* All-to-all needs every peer. */
   int32_t* a = malloc((size_t)n * 4 * sizeof(int32_t));
@@ -85,6 +120,31 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(bad == 0, "all-to-all on rank %d: %zu wrong", r, bad);
   int all = socketsOpen() - base;
   EXPECT(all == n - 1, "rank %d: %d sockets after all-to-all, expected %d (one per peer)", r, all, n - 1);
+  /* A stranger at a live rank's listener (it stays open with runtime connection): rank 0 sends
+   * the highest rank, which no rank ever dials, one hello's worth of garbage while that rank waits
+   * in the next all-reduce; it must be closed unanswered, and the all-reduce must stay exact. */
+  if (r == 0) {
+    char addr[128], key[64];
+    size_t alen = 0;
+    snprintf(key, sizeof(key), "mccl/test/g0/addr/%d", n - 1);
+    EXPECT(store->get(store->ctx, key, addr, sizeof(addr) - 1, &alen, 10000) == mcclSuccess, "store key %s", key);
+    addr[alen] = '\0';
+    int fd = dialText(addr);
+    EXPECT(fd >= 0, "cannot dial rank %d at %s", n - 1, addr);
+    if (fd >= 0) {
+      char junk[48];
+      memset(junk, 0x5a, sizeof(junk));
+      EXPECT(write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk), "writing garbage");
+      struct pollfd pf = {fd, POLLIN, 0};
+      char c;
+      EXPECT(poll(&pf, 1, 20000) == 1 && read(fd, &c, 1) == 0,
+             "rank %d did not close a stranger's connection (unanswered) within 20 s", n - 1);
+      close(fd);
+    }
+  }
+  v = r + 1;
+  EXPECT_OK(comm, mcclAllReduce(&v, &v, 1, mcclInt64, mcclSum, comm, NULL, NULL));
+  EXPECT(v == (int64_t)n * (n + 1) / 2, "all-reduce after the stranger on rank %d: %lld", r, (long long)v);
   if (r == 0)
     printf("32 ranks, new sockets on rank 0: ring all-reduce %d, + doubling %d, + send/recv %d, + all-to-all %d\n",
            ring, doubling, p2p, all);
