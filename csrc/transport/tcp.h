@@ -22,7 +22,8 @@
  * mcclTransportSettle, called before the owner reports a collective as succeeded, fails it when a
  * peer's notice that it did not complete it is already readable.
  *
- * Files: tcp_connect.c opens the mesh (mcclTransportInit, mcclTransportFromFds), tcp.c is the
+ * Files: tcp_connect.c opens connections (mcclTransportInit, mcclTransportFromFds, and the
+ * connector that dials, accepts and handshakes, at init or on first use), tcp.c is the
  * data path (posting, the sender thread, progress; park.c holds frames that come before their
  * receive), tcp_fail.c the failure side (mcclTransportFail,
  * mcclTransportSettle, mcclTransportUnread, mcclTransportClose).
@@ -200,7 +201,9 @@ typedef struct {
  * rank holds sockets only to the peers its collectives and point-to-point calls use (a ring's 2
  * neighbours, the log2 n partners of recursive doubling and of the dissemination agreement, ...).
  * The rule is the mesh's: the higher rank dials, the lower one accepts (in every progress round
- * and while idle, mcclTransportReadAhead), with the same handshake and the same checks. A dial
+ * and in mcclTransportReadAhead, which an idle engine calls unless MCCL_IDLE_READ=0), with the
+ * same handshake and the same checks. A receive from any source makes a rank dial every lower
+ * rank (any of them may send). A dial
  * that is refused three times in a row (50 ms apart) fails the collective at once: the peer's
  * communicator is gone (its process exited, or its communicator failed, which closes its
  * listener, or was destroyed). A peer that never dials is named by the collective's timeout.
