@@ -34,6 +34,7 @@
 #     ITERS=2 RES=/tmp/sw bash bench/device_switches.sh           # the 2-core machine, end to end
 #
 # Environment: SWITCHES, HOSTS_PER_SWITCH, RATE, UPLINK_RATE, SIZES, ROUNDS, ITERS, WARMUP (1),
+# CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's),
 # RANK_ORDER, CONFIGS ("a-topology b-unordered c-twolevel"), GOODPUT_SECONDS (5 for the cluster
 # tool, 3 inside each benchmark), DEADLINE (seconds per benchmark, 110: every rank is killed after
 # it, so a hung job costs one configuration), ID (cluster id, s0), BUILD (1: build the extension
@@ -74,6 +75,15 @@ cl down --id "$ID" >/dev/null 2>&1   # whatever a crashed earlier run left
 cl up --id "$ID" --switches "$SWITCHES" --hosts-per-switch "$HOSTS_PER_SWITCH" --rate "$RATE" \
   --uplink-rate "$UPLINK_RATE" > "$RES/cluster.txt" || { cat "$RES/cluster.txt"; exit 1; }
 stamp "cluster up: $SWITCHES switches x $HOSTS_PER_SWITCH hosts at $RATE, uplinks $UPLINK_RATE"
+if [ -n "${CC:-}" ]; then  # every host's TCP congestion control (a netns may pick only what the host allows)
+  A=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+  grep -qw "$CC" $A || echo "$(cat $A) $CC" > $A || exit 1
+  for i in $(seq 0 $(( SWITCHES * HOSTS_PER_SWITCH - 1 ))); do
+    "$IPROUTE_DIR/ip" netns exec "mccl-$ID-h$i" sh -c "echo $CC > /proc/sys/net/ipv4/tcp_congestion_control" || exit 1
+  done
+  echo "# congestion control: $("$IPROUTE_DIR/ip" netns exec "mccl-$ID-h0" cat /proc/sys/net/ipv4/tcp_congestion_control)" \
+    | tee -a "$RES/cluster.txt"
+fi
 cl goodput --id "$ID" --seconds "$GOODPUT_SECONDS" | tee -a "$RES/cluster.txt"
 cl goodput --id "$ID" --seconds "$GOODPUT_SECONDS" --across-switches | tee -a "$RES/cluster.txt"
 { echo "# $(date -Is) $(uname -srm), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
