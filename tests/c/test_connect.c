@@ -102,6 +102,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT_OK(comm, mcclSend(out, 64, mcclInt32, to, 9, comm, NULL, &req));
   EXPECT_OK(comm, mcclRecv(in, 64, mcclInt32, from, 9, comm, NULL, NULL));
   EXPECT_OK(comm, mcclWait(req, 30000));
+  mcclRequestFree(req);
   bad = 0;
   for (int i = 0; i < 64; i++) bad += in[i] != from * 100 + i;
   EXPECT(bad == 0, "send/recv on rank %d: %zu wrong", r, bad);
