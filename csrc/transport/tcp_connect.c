@@ -372,8 +372,13 @@ static void slotClose(mcclConnector* k, mcclPending* p) {
   k->live--;
 }
 
-/* The slot's socket became a link: it is the transport's now. */
+/* The slot's socket became a link: it is the transport's now. If the peer has one already (its
+ * NOTICE came in while this rank's dial to it was under way), the later one is closed. */
 static void slotAdopt(mcclTransport* t, mcclPending* p) {
+  if (t->conns[p->peer].fd >= 0) {
+    slotClose(t->connector, p);
+    return;
+  }
   mcclTransportAdopt(t, p->peer, p->fd);
   p->fd = -1;
   t->connector->live--;
@@ -496,6 +501,11 @@ mcclResult_t mcclConnectorPollAdd(mcclTransport* t, struct pollfd* pfds, int* np
     for (int r = 0; r < t->rank; r++) {
       int64_t at = k->retry_at[r];
       if (at == 0) continue;
+      if (t->conns[r].fd >= 0) { /* linked meanwhile (its NOTICE): nothing to retry */
+        k->retry_at[r] = 0;
+        k->retries--;
+        continue;
+      }
       if (now >= at) {
         MCCLCHECK(startDial(t, r));
         continue;
