@@ -19,6 +19,12 @@
 #   c-twolevel  MCCL_ALGO=twolevel                   reduce-scatter in each switch, all-reduce across
 #                                                    switches per shard, all-gather in each switch
 #
+# A configuration may carry more variables for its run: NAME@K=V,K2=V2 (e.g.
+# a-topology@MCCL_RUNTIME_CONNECT=1); SIZES=a+b, ROUNDS=k and ITERS=k there set that run's sizes,
+# rounds and iterations instead (a relative MCCL_TRACE is under the results folder, and created); its
+# files are named NAME@K=V,... ('/' as '_'). A configuration listed
+# again runs again (alternate two to compare them round by round): its files get ~2, ~3, ...
+#
 # MCCL_ALGO and MCCL_TOPOLOGY_GROUP as csrc/algo/select.c and csrc/core/topology.c read them
 # (ring | tree/doubling | twolevel/two-level; MCCL_TOPOLOGY_GROUP overrides the group of the rank
 # that has it). gloo ignores both: its rows are the same job three times (its ring is rank order).
@@ -35,7 +41,7 @@
 #
 # Environment: SWITCHES, HOSTS_PER_SWITCH, RATE, UPLINK_RATE, SIZES, ROUNDS, ITERS, WARMUP (1),
 # CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's),
-# RANK_ORDER, CONFIGS ("a-topology b-unordered c-twolevel"), GOODPUT_SECONDS (5 for the cluster
+# RANK_ORDER, CONFIGS ("a-topology b-unordered c-twolevel"), BACKENDS (mccl,gloo), GOODPUT_SECONDS (5 for the cluster
 # tool, 3 inside each benchmark), DEADLINE (seconds per benchmark, 110: every rank is killed after
 # it, so a hung job costs one configuration), ID (cluster id, s0), BUILD (1: build the extension
 # first), PY (python3), IPROUTE_DIR (.tools/iproute).
@@ -55,7 +61,7 @@ cd "$(dirname "$0")/.."
 T0=$(date +%s)
 SWITCHES=${SWITCHES:-4} HOSTS_PER_SWITCH=${HOSTS_PER_SWITCH:-3} RATE=${RATE:-5gbit}
 UPLINK_RATE=${UPLINK_RATE:-$RATE} SIZES=${SIZES:-16M,64M} ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-4} WARMUP=${WARMUP:-1}
-RANK_ORDER=${RANK_ORDER:-shuffle:1} CONFIGS=${CONFIGS:-a-topology b-unordered c-twolevel}
+RANK_ORDER=${RANK_ORDER:-shuffle:1} CONFIGS=${CONFIGS:-a-topology b-unordered c-twolevel} BACKENDS=${BACKENDS:-mccl,gloo}
 GOODPUT_SECONDS=${GOODPUT_SECONDS:-5} DEADLINE=${DEADLINE:-110} ID=${ID:-s0} PY=${PY:-python3}
 IPROUTE_DIR=${IPROUTE_DIR:-$PWD/.tools/iproute}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -98,22 +104,40 @@ check() {  # check NAME COUNT_WANTED PATTERN FILE: PASS when grep -cF finds PATT
   else echo "FAIL $1: '$3' x $got, wanted $2" >> "$RES/checks.txt"; fi
 }
 NRANKS=$(( SWITCHES * HOSTS_PER_SWITCH ))
-for cfg in $CONFIGS; do
-  case $cfg in
+declare -A seen
+NAMES=""
+for spec in $CONFIGS; do
+  seen[$spec]=$(( ${seen[$spec]:-0} + 1 ))
+  cfg=${spec//\//_}; [ "${seen[$spec]}" -gt 1 ] && cfg="$cfg~${seen[$spec]}"  # a file name
+  NAMES="$NAMES $cfg"
+  base=${spec%%@*}
+  case $base in
     a-topology)  envs=(MCCL_ALGO=ring) ;;
     b-unordered) envs=(MCCL_ALGO=ring MCCL_TOPOLOGY_GROUP=all) ;;
     c-twolevel)  envs=(MCCL_ALGO=twolevel) ;;
     *) echo "device_switches.sh: unknown configuration '$cfg'" >&2; exit 2 ;;
   esac
-  stamp "$cfg: ${envs[*]}"
+  sizes=$SIZES rounds=$ROUNDS iters=$ITERS extra=()
+  [ "$base" != "$spec" ] && IFS=, read -ra extra <<< "${spec#*@}"
+  for kv in "${extra[@]}"; do  # SIZES, ROUNDS and ITERS are this run's; the rest its environment
+    case $kv in
+      SIZES=*) sizes=${kv#SIZES=}; sizes=${sizes//+/,} ;;
+      ROUNDS=*) rounds=${kv#ROUNDS=} ;;
+      ITERS=*) iters=${kv#ITERS=} ;;
+      MCCL_TRACE=*) tr=${kv#MCCL_TRACE=}; [ "${tr#/}" = "$tr" ] && tr=$(cd "$RES" && pwd)/$tr  # relative: under RES
+        mkdir -p "$(dirname "$tr")"; envs+=("MCCL_TRACE=$tr") ;;
+      *) envs+=("$kv") ;;
+    esac
+  done
+  stamp "$cfg: ${envs[*]} sizes $sizes, $rounds rounds of $iters"
   env "${envs[@]}" MCCL_DEBUG=INFO MCCL_DEBUG_SUBSYS=INIT,COLL \
-    "$PY" -m mccl.bench --cluster "$ID" --rank-order "$RANK_ORDER" --backends mccl,gloo --ops all_reduce \
-      --sizes "$SIZES" --rounds "$ROUNDS" -n "$ITERS" -w "$WARMUP" --goodput measure --goodput-seconds 3 \
+    "$PY" -m mccl.bench --cluster "$ID" --rank-order "$RANK_ORDER" --backends "$BACKENDS" --ops all_reduce \
+      --sizes "$sizes" --rounds "$rounds" -n "$iters" -w "$WARMUP" --goodput measure --goodput-seconds 3 \
       --deadline "$DEADLINE" --json "$RES/$cfg.json" > "$RES/$cfg.txt" 2>&1
   echo "exit $?" >> "$RES/$cfg.txt"
   log=$RES/$cfg.txt
   check "$cfg exit" 1 "exit 0" "$log"
-  case $cfg in
+  case $base in
     b-unordered)
       check "$cfg one group" "$NRANKS" "topology group 'all' (from MCCL_TOPOLOGY_GROUP); 1 group" "$log"
       check "$cfg ring in rank order" 0 "rings visit the ranks in the order" "$log"
@@ -121,13 +145,15 @@ for cfg in $CONFIGS; do
     *)
       check "$cfg subnet groups" "$NRANKS" "(from the subnet); $SWITCHES groups" "$log"
       check "$cfg ring in topology order" 1 "rings visit the ranks in the order" "$log"
-      if [ "$cfg" = c-twolevel ]; then check "$cfg two-level" "$NRANKS" "runs as two-level (forced, MCCL_ALGO)" "$log"
+      if [ "$base" = c-twolevel ]; then check "$cfg two-level" "$NRANKS" "runs as two-level (forced, MCCL_ALGO)" "$log"
       else check "$cfg ring" "$NRANKS" "runs as ring (forced, MCCL_ALGO)" "$log"; fi ;;
   esac
+  links=$(grep -cE "tcp_connect.c:[0-9]+ rank [0-9]+: connected to rank" "$log")
+  echo "INFO $cfg: $links peer links opened (one 'connected to rank' line per link; eager mesh: $(( NRANKS * (NRANKS - 1) / 2 )))" >> "$RES/checks.txt"
 done
 stamp "benchmarks done"
 
-"$PY" - "$RES" $CONFIGS > "$RES/summary.txt" <<'EOF'
+"$PY" - "$RES" $NAMES > "$RES/summary.txt" <<'EOF'
 import json, os, sys
 res, configs = sys.argv[1], sys.argv[2:]
 print(f"{'configuration':<12} {'backend':<5} {'size':>10} {'time ms':>9} {'busbw GB/s':>10} {'%goodput':>8} "
