@@ -40,7 +40,7 @@
 #     ITERS=2 RES=/tmp/sw bash bench/device_switches.sh           # the 2-core machine, end to end
 #
 # Environment: SWITCHES, HOSTS_PER_SWITCH, RATE, UPLINK_RATE, SIZES, ROUNDS, ITERS, WARMUP (1),
-# CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's),
+# TCP_CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's), (not CC, which make reads as its C compiler),
 # RANK_ORDER, CONFIGS ("a-topology b-unordered c-twolevel"), BACKENDS (mccl,gloo), GOODPUT_SECONDS (5 for the cluster
 # tool, 3 inside each benchmark), DEADLINE (seconds per benchmark, 110: every rank is killed after
 # it, so a hung job costs one configuration), ID (cluster id, s0), BUILD (1: build the extension
@@ -81,11 +81,11 @@ cl down --id "$ID" >/dev/null 2>&1   # whatever a crashed earlier run left
 cl up --id "$ID" --switches "$SWITCHES" --hosts-per-switch "$HOSTS_PER_SWITCH" --rate "$RATE" \
   --uplink-rate "$UPLINK_RATE" > "$RES/cluster.txt" || { cat "$RES/cluster.txt"; exit 1; }
 stamp "cluster up: $SWITCHES switches x $HOSTS_PER_SWITCH hosts at $RATE, uplinks $UPLINK_RATE"
-if [ -n "${CC:-}" ]; then  # every host's TCP congestion control (a netns may pick only what the host allows)
+if [ -n "${TCP_CC:-}" ]; then  # every host's TCP congestion control (a netns may pick only what the host allows)
   A=/proc/sys/net/ipv4/tcp_allowed_congestion_control
-  grep -qw "$CC" $A || echo "$(cat $A) $CC" > $A || exit 1
+  grep -qw "$TCP_CC" $A || echo "$(cat $A) $TCP_CC" > $A || exit 1
   for i in $(seq 0 $(( SWITCHES * HOSTS_PER_SWITCH - 1 ))); do
-    "$IPROUTE_DIR/ip" netns exec "mccl-$ID-h$i" sh -c "echo $CC > /proc/sys/net/ipv4/tcp_congestion_control" || exit 1
+    "$IPROUTE_DIR/ip" netns exec "mccl-$ID-h$i" sh -c "echo $TCP_CC > /proc/sys/net/ipv4/tcp_congestion_control" || exit 1
   done
   echo "# congestion control: $("$IPROUTE_DIR/ip" netns exec "mccl-$ID-h0" cat /proc/sys/net/ipv4/tcp_congestion_control)" \
     | tee -a "$RES/cluster.txt"
