@@ -20,10 +20,10 @@
 #                                                    switches per shard, all-gather in each switch
 #
 # A configuration may carry more variables for its run: NAME@K=V,K2=V2 (e.g.
-# a-topology@MCCL_RUNTIME_CONNECT=1); SIZES=a+b, ROUNDS=k and ITERS=k there set that run's sizes,
-# rounds and iterations instead (a relative MCCL_TRACE is under the results folder, and created); its
-# files are named NAME@K=V,... ('/' as '_'). A configuration listed
-# again runs again (alternate two to compare them round by round): its files get ~2, ~3, ...
+# a-topology@MCCL_RUNTIME_CONNECT=1). SIZES=a+b, ROUNDS=k and ITERS=k there set that run's sizes,
+# rounds and iterations; a relative MCCL_TRACE lands under the results folder (created). Its files
+# are named NAME@K=V,... ('/' as '_'). A configuration listed again runs again (alternate two to
+# compare them round by round); its files get ~2, ~3, ...
 #
 # MCCL_ALGO and MCCL_TOPOLOGY_GROUP as csrc/algo/select.c and csrc/core/topology.c read them
 # (ring | tree/doubling | twolevel/two-level; MCCL_TOPOLOGY_GROUP overrides the group of the rank
@@ -40,11 +40,12 @@
 #     ITERS=2 RES=/tmp/sw bash bench/device_switches.sh           # the 2-core machine, end to end
 #
 # Environment: SWITCHES, HOSTS_PER_SWITCH, RATE, UPLINK_RATE, SIZES, ROUNDS, ITERS, WARMUP (1),
-# TCP_CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's), (not CC, which make reads as its C compiler),
-# RANK_ORDER, CONFIGS ("a-topology b-unordered c-twolevel"), BACKENDS (mccl,gloo), GOODPUT_SECONDS (5 for the cluster
-# tool, 3 inside each benchmark), DEADLINE (seconds per benchmark, 110: every rank is killed after
-# it, so a hung job costs one configuration), ID (cluster id, s0), BUILD (1: build the extension
-# first), PY (python3), IPROUTE_DIR (.tools/iproute).
+# TCP_CC (every host's TCP congestion control, e.g. cubic, macOS's default; unset: the machine's;
+# not CC, which make reads as its C compiler), RANK_ORDER, CONFIGS ("a-topology b-unordered
+# c-twolevel"), BACKENDS (mccl,gloo), GOODPUT_SECONDS (5 for the cluster tool, 3 inside each
+# benchmark), DEADLINE (seconds per benchmark, 110: every rank is killed after it, so a hung job
+# costs one configuration), ID (cluster id, s0), BUILD (1: build the extension first), PY
+# (python3), IPROUTE_DIR (.tools/iproute).
 #
 # Time on the 16-core machine, 4x3 hosts at 5 Gbit/s (an estimate, not yet run there; the script
 # logs every phase's start in timing.txt): build 30-90 s, up + connectivity check ~10 s, two
