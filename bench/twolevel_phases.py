@@ -61,6 +61,8 @@ def main() -> int:
               f" (per rank, median {st.median(b - a for a, b in p[1]) / 1e3:.1f}); phase 3 "
               f"{ms(min(x[0] for x in p[2])):.1f}..{ms(max(x[1] for x in p[2])):.1f}")
     seq = a.uplink_seq
+    if not all((r, seq) in colls for r in ranks):
+        raise SystemExit(f"--uplink-seq {seq}: not a collective every trace has")
     t0 = min(colls[(r, seq)][0] for r in ranks)
     B = a.bin_ms * 1e3
     bins: dict = {}
@@ -73,6 +75,8 @@ def main() -> int:
             nxt = min((k + 1) * B, end)
             bins[(group[rank], k)] = bins.get((group[rank], k), 0.0) + nbytes * (nxt - x) / d
             x = nxt
+    if not bins:
+        raise SystemExit(f"collective #{seq}: no phase-2 frames (is it a two-level all-reduce of these groups?)")
     nb = max(k for _, k in bins) + 1
     print(f"# collective #{seq}: phase 2 bytes received per group per {a.bin_ms:g} ms, % of {a.goodput} GB/s")
     for gi in range(G):
