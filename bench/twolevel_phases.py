@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a two-level all-reduce's time goes, from its MCCL_TRACE files (bench/NOTES.md, 2026-12-04).
 
-    python bench/twolevel_phases.py TRACE_DIR/tl.group_1.rank*.json --groups 4 --group-size 3 \
+    .venv/bin/python bench/twolevel_phases.py TRACE_DIR/tl.group_1.rank*.json --groups 4 --group-size 3 \
         --order "0 3 5 1 7 10 2 9 11 4 6 8" [--goodput 0.6204] [--bin-ms 5] [--uplink-seq 2]
 
 Steps 0..g-2 of a rank's frames are the reduce-scatter inside its group, the next 2(G-1) the
@@ -10,12 +10,17 @@ every collective after the first two (warm-up) it prints, in ms from the first r
 start skew, when phase 1 ended (first..last rank), phase 2's span and its median per-rank length,
 phase 3's span. For collective --uplink-seq it prints, per group, the bytes its ranks received in
 phase 2 per bin as % of --goodput (GB/s): the inbound uplink's use, since only phase 2 crosses it.
---order is the ring order the communicator logged ("rings visit the ranks in the order ...").
+--order is the ring order the communicator logged ("rings visit the ranks in the order ..."). A
+trace whose frames do not follow that split (phase 2 from another group, phases 1 and 3 from the
+rank's own) is refused: it is not a two-level all-reduce over these groups.
 """
 import argparse
-import json
-import re
 import statistics as st
+
+from mccl.trace import load
+
+#: Steps at or above this mark control frames (csrc/transport/wire.h, MCCL_STEP_CONTROL).
+STEP_CONTROL = 0x40000000
 
 
 def main() -> int:
@@ -36,16 +41,22 @@ def main() -> int:
     first, last = g - 1, g - 1 + 2 * (G - 1)  # phase 2's steps: [first, last)
     colls, frames = {}, []  # (rank, seq) -> (start, end); (rank, seq, phase, ts, dur, bytes)
     for f in a.files:
-        rank = int(re.search(r"rank(\d+)", f).group(1))
-        for e in json.load(open(f))["traceEvents"]:
+        trace = load(f)
+        rank = trace["otherData"]["rank"]
+        tracks = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+        for e in trace["traceEvents"]:
             if e.get("ph") != "X":
                 continue
             if e["name"].startswith("allreduce #"):
                 colls[(rank, int(e["name"].split("#")[1]))] = (e["ts"], e["ts"] + e["dur"])
-            elif e["name"] == "recv" and e["args"].get("bytes", 0) > 0 and e["args"]["step"] < 1 << 20:
+            elif e["name"] == "recv" and e["args"].get("bytes", 0) > 0 and e["args"]["step"] < STEP_CONTROL:
                 s = e["args"]["step"]
-                frames.append((rank, e["args"]["seq"], 0 if s < first else 1 if s < last else 2, e["ts"], e["dur"],
-                               e["args"]["bytes"]))
+                ph = 0 if s < first else 1 if s < last else 2
+                peer = int(tracks[e["tid"]].rsplit(" ", 1)[1])  # track "recv from rank P"
+                if (group[peer] != group[rank]) != (ph == 1):  # only phase 2 comes from another group
+                    raise SystemExit(f"{f}: rank {rank} got step {s} of {e['args']['coll']} #{e['args']['seq']} from "
+                                     f"rank {peer}: not a two-level all-reduce over these groups")
+                frames.append((rank, e["args"]["seq"], ph, e["ts"], e["dur"], e["args"]["bytes"]))
     span = {}
     for rank, seq, ph, ts, dur, _ in frames:
         lo, hi = span.get((rank, seq, ph), (float("inf"), 0.0))
@@ -55,6 +66,8 @@ def main() -> int:
         t0 = min(colls[(r, seq)][0] for r in ranks)
         ms = lambda t: (t - t0) / 1e3  # noqa: E731
         p = {ph: [span[(r, seq, ph)] for r in ranks if (r, seq, ph) in span] for ph in range(3)}
+        if not all(p.values()):
+            raise SystemExit(f"collective #{seq}: a phase has no frames (is it a two-level all-reduce of these groups?)")
         print(f"#{seq}: first start .. last end {ms(max(colls[(r, seq)][1] for r in ranks)):.1f} ms; start skew "
               f"{ms(max(colls[(r, seq)][0] for r in ranks)):.1f}; phase 1 ends {ms(min(x[1] for x in p[0])):.1f}.."
               f"{ms(max(x[1] for x in p[0])):.1f}; phase 2 {ms(min(x[0] for x in p[1])):.1f}..{ms(max(x[1] for x in p[1])):.1f}"
