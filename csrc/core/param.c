@@ -56,6 +56,9 @@ static mcclParam params[] = {
     /* 1: an engine with no collective to run still reads peers' early frames into the parks
      * (mcclTransportReadAhead); 0: it waits on its queue alone, the sockets unread. */
     {"MCCL_IDLE_READ", 1, 0, 1, 0, NULL, 0},
+    /* 1: a rank starts a collective frame only while its lead over what the peer's receives took
+     * fits the peer's park (transport/park.h, CREDIT frames); 0: TCP's window alone holds it. */
+    {"MCCL_CREDITS", 1, 0, 1, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

@@ -46,6 +46,7 @@ typedef enum {
   MCCL_TRACE_COPY,
   MCCL_TRACE_COLLECTIVE,
   MCCL_TRACE_PARK,         /* a collective frame's bytes arriving into the park (transport/park.h) */
+  MCCL_TRACE_CREDIT,       /* a collective frame waiting for the receiver's credit (park.h) */
   MCCL_TRACE_KINDS
 } mcclTraceKind;
 

@@ -1,7 +1,9 @@
-/* park.c: bounded per-peer parking of collective frames that arrive ahead of their receive
- * (park.h). Pure bookkeeping over a byte ring: no sockets, no locks. */
+/* park.c: bounded per-peer parking of collective frames that arrive ahead of their receive, and
+ * the credits that keep a sender within that bound (park.h). Pure bookkeeping: no sockets, no
+ * locks. */
 #include "transport/park.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,3 +82,35 @@ void mcclParkFree(mcclPark* p) {
   memset(p, 0, sizeof(*p));
   p->cap = cap;
 }
+
+/* ---- credits ------------------------------------------------------------------------------- */
+
+void mcclCreditInit(mcclCredit* k, size_t park_bytes) {
+  memset(k, 0, sizeof(*k));
+  k->window = mcclParamInt("MCCL_CREDITS") == 0 ? 0 : park_bytes;
+}
+
+int mcclCreditAllows(const mcclCredit* k, size_t bytes) {
+  if (k->window == 0) return 1;
+  uint64_t lead = atomic_load(&k->sent) - atomic_load(&k->granted);
+  return lead < MCCL_CREDIT_CHUNK || lead + bytes <= k->window;
+}
+
+void mcclCreditStart(mcclCredit* k, size_t bytes) {
+  uint64_t sent = atomic_fetch_add(&k->sent, bytes) + bytes;
+  uint64_t lead = sent - atomic_load(&k->granted);
+  if (lead > atomic_load(&k->peak)) atomic_store(&k->peak, lead); /* one writer: the sending thread */
+}
+
+int mcclCreditGrant(mcclCredit* k, uint64_t total, char* why, size_t cap) {
+  uint64_t sent = atomic_load(&k->sent), granted = atomic_load(&k->granted);
+  if (total < granted || total > sent) {
+    snprintf(why, cap, "a credit for %llu bytes taken, but %llu were reported before and %llu sent",
+             (unsigned long long)total, (unsigned long long)granted, (unsigned long long)sent);
+    return -1;
+  }
+  atomic_store(&k->granted, total);
+  return 0;
+}
+
+int mcclCreditDue(const mcclCredit* k) { return k->taken - k->reported >= MCCL_CREDIT_CHUNK; }

@@ -16,6 +16,8 @@
  * (MCCL_PIPELINE_DEPTH + 2) x MCCL_SEGMENT_BYTES (1.5 MiB with their defaults): the ring's
  * pipeline depth plus two segments, the lead a ring sender can have over its successor.
  *
+ * Credits (below) keep a sender's lead within the park bound, so the park rarely fills.
+ *
  * Only DATA frames (collectives) are parked here; point-to-point messages have their own park
  * (core/p2p.c), and failure notices are never read ahead (tcp_fail.c, mcclTransportSettle).
  * Everything runs on the transport owner's thread.
@@ -23,6 +25,7 @@
 #ifndef MCCL_PARK_H_
 #define MCCL_PARK_H_
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,5 +77,53 @@ void mcclParkPop(mcclPark* p);
 
 /* Free everything (the park may be used again afterwards, empty). */
 void mcclParkFree(mcclPark* p);
+
+/* ---- credits -------------------------------------------------------------------------------
+ *
+ * The park takes only what fits; without more, a sender that runs further ahead fills its
+ * receiver's socket until TCP's window closes. Credits (the paper's section 4.3) stop it first:
+ * the receiver of a connection tells its sender, in CREDIT frames (wire.h), how many collective
+ * payload bytes its posted receives have taken so far, and the sender starts a collective frame
+ * only while its lead (bytes sent and not yet reported taken) stays within `window`, the
+ * receiver's park bound. What a rank sends ahead of its peer's receives then fits that peer's
+ * park, so the peer keeps reading.
+ *
+ * A report goes each time MCCL_CREDIT_CHUNK (256 KiB, wire.h) more bytes were taken: a sixth of
+ * the default window, so a sender at the bound gets credit back long before it runs dry. Every
+ * rank reports, whatever its own settings; MCCL_CREDITS=0 (or a park of 0) only makes a rank's
+ * sends ignore the reports. A sender whose lead is under the chunk may always start a frame: the
+ * receiver may hold back up to chunk - 1 bytes of report, and a frame larger than the window's
+ * rest would otherwise wait for a report that never comes. The lead is therefore at most
+ * max(window, chunk - 1 + frame): the window for the ring's segments with the defaults
+ * (256 KiB - 1 + 256 KiB < 1.5 MiB).
+ *
+ * Units are payload bytes; headers and empty frames (announcements) cost nothing. `sent` and
+ * `granted` are atomics: the sender thread starts frames, the owner's reader takes reports.
+ * `taken` and `reported` are the owner's alone. */
+typedef struct {
+  size_t window;            /* the sender's bound on its lead; 0: credits off */
+  _Atomic uint64_t sent;    /* sender: payload bytes of the collective frames it started */
+  _Atomic uint64_t granted; /* sender: the receiver's latest report */
+  _Atomic uint64_t peak;    /* sender: the largest lead a frame started with (its bytes included) */
+  _Atomic uint64_t waits;   /* sender: frames that found the lead at the bound and waited */
+  uint64_t taken, reported; /* receiver: payload bytes its receives took; the total last reported */
+} mcclCredit;
+
+/* Zero the counts and set the window for a park of `park_bytes` (MCCL_CREDITS=0 or a park of 0:
+ * window 0, the reports ignored). */
+void mcclCreditInit(mcclCredit* k, size_t park_bytes);
+
+/* Sender: may a collective frame of `bytes` payload start now? */
+int mcclCreditAllows(const mcclCredit* k, size_t bytes);
+
+/* Sender: a frame of `bytes` started (its first byte was written). */
+void mcclCreditStart(mcclCredit* k, size_t bytes);
+
+/* Sender: the receiver reports `total` bytes taken. Returns 0, or -1 (with why[cap]) for a report
+ * that goes backwards or covers more than was sent: a peer out of step. */
+int mcclCreditGrant(mcclCredit* k, uint64_t total, char* why, size_t cap);
+
+/* Receiver: is a report due (MCCL_CREDIT_CHUNK or more taken since the last one)? */
+int mcclCreditDue(const mcclCredit* k);
 
 #endif

@@ -151,6 +151,45 @@ static int gatesOpen(const mcclXfer* x) {
   return 1;
 }
 
+/* A send that has not been admitted may be (credits, park.h): it is not a collective frame, or the
+ * receiver's credit allows it, or the owner cannot read reports from that peer now
+ * (credit_blind). An admitted send stays so. */
+static int creditOpen(const mcclConn* c, const mcclXfer* x) {
+  return x->admitted || x->frame.type != MCCL_FRAME_DATA || atomic_load(&c->credit_blind) ||
+         mcclCreditAllows(&c->credit, x->bytes);
+}
+
+/* The head send of `c` must wait: for its gates, or for credit. Neither holds an admitted frame
+ * (its gates were open when it was admitted), so a frame being written is never held. */
+static int headHeld(const mcclConn* c) {
+  const mcclXfer* h = c->sq_head;
+  return h != NULL && (!gatesOpen(h) || !creditOpen(c, h));
+}
+
+/* `x` is the next frame written on `c`: count a collective frame's payload against the credit,
+ * and end its credit wait in the trace. Under the sender's lock when there is a thread. */
+static void admit(mcclTransport* t, int peer, mcclXfer* x) {
+  mcclConn* c = &t->conns[peer];
+  if (x->admitted) return;
+  x->admitted = 1;
+  if (x->frame.type != MCCL_FRAME_DATA) return;
+  mcclCreditStart(&c->credit, x->bytes);
+  if (x->t_credit != 0) {
+    mcclTraceArgs a = {.coll = x->frame.coll, .step = x->frame.step, .seq = x->frame.seq,
+                       .offset = x->frame.offset, .bytes = x->bytes};
+    mcclTraceSpan(t->trace, mcclTraceSendTrack(peer), MCCL_TRACE_CREDIT, x->t_credit, mcclNowNs(), &a);
+  }
+}
+
+/* The head of `c`, a collective frame, found the credit at the bound: count it once (and note
+ * when, for the trace). */
+static void creditWaits(mcclTransport* t, mcclConn* c, mcclXfer* h) {
+  if (h->credit_wait) return;
+  h->credit_wait = 1;
+  atomic_fetch_add(&c->credit.waits, 1);
+  if (t->trace) h->t_credit = mcclNowNs();
+}
+
 static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate) {
   mcclConn* c = &t->conns[peer];
   mcclSender* s = t->sender;
@@ -164,10 +203,13 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
   mcclFrameEncode(x->hdr, &x->frame);
   x->t_first = 0;
   x->t_post = t->trace ? mcclNowNs() : 0;
+  x->admitted = x->credit_wait = 0;
+  x->t_credit = 0;
   if (s != NULL) pthread_mutex_lock(&s->mu);
   int was_empty = c->sq_head == NULL;
   if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted &&
-      gatesOpen(x)) {
+      gatesOpen(x) && creditOpen(c, x)) {
+    admit(t, peer, x);
     /* The queue is empty and we hold the lock, so the thread is not writing this socket. What
      * does not fit (or fails) is queued below, from x->done on; the thread finds any error. */
     ssize_t n;
@@ -201,44 +243,59 @@ void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* g
   postSend(t, peer, x, gate, ngate);
 }
 
-/* The first point-to-point frame behind a gated head of `c`, and the one before it (for
- * unlinking), or NULL. A point-to-point frame need not wait for a collective's gated frame: the
+/* The first frame behind a held head of `c` (headHeld) that may overtake it, and the one before
+ * it (for unlinking), or NULL. A point-to-point frame need not wait for a collective's frame: the
  * receiver matches P2P frames by their own (source, tag) order in core/p2p.c, not by their place
  * among collective frames, and every earlier P2P frame of the queue has left already (the queue
- * is FIFO up to the gated head, and this picks the first P2P frame behind it). Collective frames
- * behind the gate keep their order. Caller holds the sender's lock when there is a thread. */
-static mcclXfer* p2pBehindGate(const mcclConn* c, mcclXfer** before) {
+ * is FIFO up to the held head, and this picks the first P2P frame behind it). A CREDIT frame is a
+ * running total outside every order. Collective frames behind the head keep their order. Caller
+ * holds the sender's lock when there is a thread. */
+static mcclXfer* overtakerBehind(const mcclConn* c, mcclXfer** before) {
   mcclXfer* prev = c->sq_head;
-  if (prev == NULL || gatesOpen(prev)) return NULL;
+  if (prev == NULL || !headHeld(c)) return NULL;
   for (mcclXfer* x = prev->next; x != NULL; prev = x, x = x->next)
-    if (x->frame.type == MCCL_FRAME_P2P && x->ngate == 0) {
+    if ((x->frame.type == MCCL_FRAME_P2P && x->ngate == 0) || x->frame.type == MCCL_FRAME_CREDIT) {
       *before = prev;
       return x;
     }
   return NULL;
 }
 
-/* The send to write next on `c`, or NULL: the head when its gates are open, else a P2P frame
- * behind the gated head (p2pBehindGate), which it moves to the head first: from then on it is the
- * frame being written, and a socket that fills mid-frame resumes it before anything else. A gated
- * head has not started (gatesOpen is checked before its first byte), so nothing is cut. */
-static mcclXfer* nextSend(mcclConn* c) {
+/* The send to write next on `peer`, or NULL: the head unless it is held (headHeld), else a frame
+ * behind it that may overtake (overtakerBehind), which it moves to the head first. Either is
+ * admitted: from then on it is the frame being written, and a socket that fills mid-frame resumes
+ * it before anything else. A held head has not been admitted, so nothing is cut. Caller holds the
+ * sender's lock when there is a thread. */
+static mcclXfer* nextSend(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
   mcclXfer* h = c->sq_head;
-  if (h == NULL || gatesOpen(h)) return h;
+  if (h == NULL) return NULL;
+  if (!headHeld(c)) {
+    admit(t, peer, h);
+    return h;
+  }
+  if (gatesOpen(h)) creditWaits(t, c, h);
   mcclXfer* before = NULL;
-  mcclXfer* x = p2pBehindGate(c, &before);
+  mcclXfer* x = overtakerBehind(c, &before);
   if (x == NULL) return NULL;
   before->next = x->next;
   if (c->sq_tail == x) c->sq_tail = before;
   x->next = h;
   c->sq_head = x;
+  admit(t, peer, x);
   return x;
 }
 
 /* A send of `c` may be written now (nextSend would find one). */
 static int sendable(const mcclConn* c) {
   mcclXfer* before;
-  return c->sq_head != NULL && (gatesOpen(c->sq_head) || p2pBehindGate(c, &before) != NULL);
+  return c->sq_head != NULL && (!headHeld(c) || overtakerBehind(c, &before) != NULL);
+}
+
+/* Only credit holds `c`'s sends: its head's gates are open, and nothing may overtake it. The owner
+ * then keeps reading that connection for the reports (progressRound). */
+static int creditHeld(const mcclConn* c) {
+  return c->sq_head != NULL && gatesOpen(c->sq_head) && !sendable(c);
 }
 
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
@@ -266,7 +323,7 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
   mcclSender* s = t->sender;
   for (;;) {
     if (s != NULL) pthread_mutex_lock(&s->mu);
-    mcclXfer* x = nextSend(c); /* a gated head holds the collective frames behind it */
+    mcclXfer* x = nextSend(t, peer); /* a held head holds the collective frames behind it */
     if (s != NULL) pthread_mutex_unlock(&s->mu);
     if (x == NULL) return 0;
     size_t before = x->done;
@@ -276,6 +333,18 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         traceWrite(t, peer, c, x, n, before, 0);
         return 1;
+      }
+      if (x->frame.type == MCCL_FRAME_CREDIT) {
+        /* A report the peer can no longer use (it closed: it left after its last collective,
+         * say). Not an error of its own: a frame that matters fails on its own write. */
+        atomic_store(&c->credit_lost, 1);
+        if (s != NULL) pthread_mutex_lock(&s->mu);
+        c->sq_head = x->next;
+        if (c->sq_head == NULL) c->sq_tail = NULL;
+        c->send_midframe = 0;
+        if (s != NULL) pthread_mutex_unlock(&s->mu);
+        atomic_store(&x->complete, 1);
+        continue;
       }
       *err_no = errno;
       lostText(t, peer, "sending", &x->frame, errno, err, cap);
@@ -289,7 +358,8 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       c->sq_head = x->next;
       if (c->sq_head == NULL) c->sq_tail = NULL;
       if (s != NULL) pthread_mutex_unlock(&s->mu);
-      if (t->trace) traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
+      if (t->trace && x->frame.type != MCCL_FRAME_CREDIT)
+        traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
       atomic_store(&x->complete, 1); /* the last access: the owner may reuse x from here on */
       if (s != NULL) mcclTransportWake(t);
     }
@@ -463,28 +533,111 @@ static int readAhead(const mcclConn* c) {
          c->fd >= 0 && !c->dead && mcclParkFits(&c->park, 0);
 }
 
-/* The head posted receive of `c` has all its bytes: complete it (the transport's last access). */
+/* Report to `peer` what this rank's receives took from it (credit.taken, in a CREDIT frame: park.h),
+ * unless the last report is still queued: progressRound reports the rest once that has left. The
+ * frame goes at once when the queue is empty (as a small send does), else right behind the head
+ * (which may be partly written; a held head is overtaken, nextSend). */
+static void creditPost(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  mcclSender* s = t->sender;
+  mcclXfer* x = &c->credit_x;
+  if (c->credit_queued) {
+    if (!atomic_load(&x->complete)) return;
+    c->credit_queued = 0;
+  }
+  if (c->fd < 0 || c->dead || atomic_load(&c->credit_lost)) return;
+  memset(&x->frame, 0, sizeof(x->frame));
+  x->frame.type = MCCL_FRAME_CREDIT;
+  x->frame.seq = c->credit.taken;
+  mcclFrameEncode(x->hdr, &x->frame);
+  x->next = NULL;
+  x->buf = NULL;
+  x->bytes = x->done = 0;
+  x->gate = NULL;
+  x->ngate = 0;
+  x->admitted = 1;
+  x->credit_wait = 0;
+  x->t_credit = x->t_first = x->t_post = 0;
+  atomic_store(&x->complete, 0);
+  c->credit.reported = c->credit.taken;
+  c->credit_queued = 1;
+  if (s != NULL) pthread_mutex_lock(&s->mu);
+  if (c->sq_head == NULL && (s == NULL || !s->halted)) {
+    /* Nobody is writing this socket (an empty queue, and the lock): write it now. */
+    ssize_t n;
+    do n = frameWrite(c->fd, x);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) x->done = (size_t)n;
+    if (x->done == MCCL_FRAME_BYTES || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      if (n < 0) atomic_store(&c->credit_lost, 1); /* as in connSend: not an error of its own */
+      if (s != NULL) pthread_mutex_unlock(&s->mu);
+      atomic_store(&x->complete, 1);
+      c->credit_queued = 0;
+      return;
+    }
+    c->send_midframe = x->done > 0;
+  }
+  if (c->sq_head == NULL) {
+    c->sq_head = c->sq_tail = x;
+  } else {
+    x->next = c->sq_head->next;
+    c->sq_head->next = x;
+    if (c->sq_tail == c->sq_head) c->sq_tail = x;
+  }
+  if (s != NULL) {
+    pthread_mutex_unlock(&s->mu);
+    pipeWake(s->wake[1], &s->wake_pending);
+  }
+}
+
+/* A CREDIT frame from `peer`: its receives took f->seq bytes in all (park.h). */
+static mcclResult_t creditArrived(mcclTransport* t, int peer, const mcclFrame* f) {
+  mcclConn* c = &t->conns[peer];
+  char why[200];
+  if (mcclCreditGrant(&c->credit, f->seq, why, sizeof(why)) != 0) {
+    snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
+    return mcclProtocolError;
+  }
+  /* A send held for credit sits in the sender thread's queues, which it stopped looking at. */
+  if (t->sender != NULL && c->credit.window > 0) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
+  return mcclSuccess;
+}
+
+/* The owner stops reading `peer` (it holds a frame it cannot place): reports from it cannot
+ * arrive, so sends to it stop waiting for them (credit_blind, tcp.h). progressRound clears it
+ * once the connection is read again. */
+static void readerStops(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  if (c->credit.window > 0 && !atomic_exchange(&c->credit_blind, 1) && t->sender != NULL)
+    pipeWake(t->sender->wake[1], &t->sender->wake_pending);
+}
+
+/* The head posted receive of `c` has all its bytes: complete it (the transport's last access),
+ * and report what the receives took when a report is due. */
 static void recvDone(mcclTransport* t, mcclConn* c) {
   mcclXfer* x = c->rq_head;
   const int wake = x->gates_send && t->sender != NULL;
   c->rq_head = x->next;
   if (c->rq_head == NULL) c->rq_tail = NULL;
+  c->credit.taken += x->bytes;
   x->complete = 1;
   /* A send waiting for this receive sits in the sender thread's queues, which it stopped
    * looking at; without a thread, the owner's next round finds it sendable. */
   if (wake) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
+  if (mcclCreditDue(&c->credit)) creditPost(t, (int)(c - t->conns));
 }
 
 /* Reading ahead: look at the next header without taking it, and take it only when it is a
- * collective frame that fits the park. Returns 1 when c->rhdr now holds it, 0 when nothing may be
+ * collective frame that fits the park, or a CREDIT frame. Returns 1 when c->rhdr now holds it, 0 when nothing may be
  * read now (the socket is empty, or its next bytes are not for the park: ahead_stop is set). */
 static int aheadHeader(mcclConn* c) {
   ssize_t n;
   do n = recv(c->fd, c->rhdr, MCCL_FRAME_BYTES, MSG_PEEK | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  if (n != MCCL_FRAME_BYTES || mcclGet32(c->rhdr) != MCCL_WIRE_MAGIC || c->rhdr[4] != MCCL_FRAME_DATA ||
-      !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))) {
+  int credit = n == MCCL_FRAME_BYTES && c->rhdr[4] == MCCL_FRAME_CREDIT; /* read at once, never parked */
+  if (n != MCCL_FRAME_BYTES || mcclGet32(c->rhdr) != MCCL_WIRE_MAGIC ||
+      (!credit && (c->rhdr[4] != MCCL_FRAME_DATA || !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))))) {
     c->ahead_stop = 1; /* a close, an error, a partial header or another frame: its reader decides */
     return 0;
   }
@@ -570,6 +723,7 @@ static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
     c->rx_held = 1;
     c->rx_dst = NULL;
     c->rx_room = 0;
+    readerStops(t, peer);
     return mcclSuccess;
   }
   if (rc == MCCL_ARRIVE_NOMEM) {
@@ -606,7 +760,10 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     ssize_t n = 0;
     if (c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !need) {
-      if (!aheadHeader(c)) return mcclSuccess;
+      if (!aheadHeader(c)) {
+        if (c->ahead_stop) readerStops(t, peer);
+        return mcclSuccess;
+      }
       n = MCCL_FRAME_BYTES;
     } else if (c->rx_mode == MCCL_RX_HEADER) {
       n = recv(c->fd, c->rhdr + c->rhdr_got, MCCL_FRAME_BYTES - c->rhdr_got, MSG_DONTWAIT);
@@ -645,10 +802,14 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         c->rx_left = c->rx_frame.length;
         MCCLCHECK(p2pRoom(t, peer));
         if (c->rx_held) return mcclSuccess;
+      } else if (c->rx_frame.type == MCCL_FRAME_CREDIT) {
+        MCCLCHECK(creditArrived(t, peer, &c->rx_frame));
+        continue; /* a header alone: the next frame's header follows */
       } else if ((c->rq_head == NULL || c->park.qlen > 0) && parkStart(t, peer)) {
         /* no receive for it yet (or older frames are parked): into the park */
       } else {
         c->rx_mode = MCCL_RX_PEEKED;
+        if (c->rq_head == NULL || c->park.qlen > 0) readerStops(t, peer);
       }
     } else if (reading) {
       if (c->rx_mode == MCCL_RX_COLL && t->trace && c->rq_head->t_first == 0) c->rq_head->t_first = mcclNowNs();
@@ -723,9 +884,17 @@ static void describeStall(mcclTransport* t) {
   for (int r = 0; r < t->nranks && !found; r++) {
     mcclConn* c = &t->conns[r];
     char desc[200];
-    if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
+    if (creditHeld(c)) {
+      mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
+      snprintf(t->error, sizeof(t->error),
+               "timed out: rank %d could not send %s to rank %d (%s), whose receives have not taken "
+               "the %llu bytes sent before it (credit, MCCL_CREDITS); that rank is stalled or issued "
+               "different collectives", t->rank, desc, r, c->addr,
+               (unsigned long long)(atomic_load(&c->credit.sent) - atomic_load(&c->credit.granted)));
+      found = 1;
+    } else if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
       mcclXfer* before;
-      mcclXfer* x = gatesOpen(c->sq_head) ? c->sq_head : p2pBehindGate(c, &before);
+      mcclXfer* x = !headHeld(c) ? c->sq_head : overtakerBehind(c, &before);
       mcclFrameDescribe(&x->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
@@ -771,21 +940,36 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
       ready = 1;
     }
   }
+  /* Credits (park.h): a report that waited for the last one to leave goes now; and a connection
+   * this round will not read cannot deliver reports, so sends to that peer stop waiting for them
+   * (credit_blind), while one it reads again brings them back under the credit. */
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    if (r == t->rank || c->fd < 0 || c->dead) continue;
+    if (mcclCreditDue(&c->credit)) creditPost(t, r);
+    if (c->credit.window == 0) continue;
+    int blind = !(wanted(t, r) || readAhead(c));
+    if (atomic_exchange(&c->credit_blind, blind) != blind && blind && snd != NULL)
+      pipeWake(snd->wake[1], &snd->wake_pending);
+  }
   /* With a sender thread, queued sends are its to write: this thread only waits for their
-   * completions (its wake pipe) while any are queued. */
+   * completions (its wake pipe) while any are queued. Sends held for credit keep the round
+   * busy: it reads their connection for the report. */
   if (snd != NULL) {
     pthread_mutex_lock(&snd->mu);
-    for (int r = 0; r < t->nranks; r++) snd->owner_queued[r] = sendable(&t->conns[r]);
+    for (int r = 0; r < t->nranks; r++)
+      snd->owner_queued[r] = sendable(&t->conns[r]) ? 1 : creditHeld(&t->conns[r]) ? 2 : 0;
     pthread_mutex_unlock(&snd->mu);
   }
   int np = 0, busy = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (r == t->rank) continue;
-    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] : sendable(c);
+    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] == 1 : sendable(c);
+    int held = snd != NULL ? snd->owner_queued[r] == 2 : creditHeld(c);
     int rd = need || readAhead(c);
-    if (!rd && !wr) continue;
-    busy |= need || wr;
+    if (!rd && !wr && !held) continue;
+    busy |= need || wr || held;
     if (c->fd < 0 && !c->dead && t->connector != NULL) {
       MCCLCHECK(mcclConnectorWant(t, r)); /* the transfers wait for the connection */
       continue;
@@ -888,6 +1072,7 @@ void mcclTransportCancel(mcclTransport* t) {
   for (int r = 0; r < t->nranks; r++) {
     t->conns[r].sq_head = t->conns[r].sq_tail = NULL;
     t->conns[r].rq_head = t->conns[r].rq_tail = NULL;
+    t->conns[r].credit_queued = 0; /* its report went with the queue */
   }
   if (s != NULL) pthread_mutex_unlock(&s->mu);
 }
@@ -925,3 +1110,24 @@ mcclResult_t mcclTransportReadAhead(mcclTransport* t, int timeout_ms, int* polle
   return mcclSuccess;
 }
 
+
+mcclResult_t mcclTransportTakeCredits(mcclTransport* t, int peer) {
+  mcclConn* c = &t->conns[peer];
+  while (c->fd >= 0 && !c->dead && c->rx_mode == MCCL_RX_HEADER) {
+    uint8_t h[MCCL_FRAME_BYTES];
+    size_t have = c->rhdr_got; /* a header partly read already */
+    memcpy(h, c->rhdr, have);
+    ssize_t n;
+    do n = recv(c->fd, h + have, MCCL_FRAME_BYTES - have, MSG_PEEK | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    mcclFrame f;
+    if (n <= 0 || have + (size_t)n < MCCL_FRAME_BYTES || h[4] != MCCL_FRAME_CREDIT ||
+        mcclFrameHeaderCheck(h, t->p2p.arrive != NULL, &f, NULL, 0) != MCCL_WIRE_OK)
+      return mcclSuccess; /* anything else is the reader's (a broken header it reports itself) */
+    do n = recv(c->fd, h + have, MCCL_FRAME_BYTES - have, MSG_DONTWAIT); /* the bytes looked at */
+    while (n < 0 && errno == EINTR);
+    c->rhdr_got = 0;
+    MCCLCHECK(creditArrived(t, peer, &f));
+  }
+  return mcclSuccess;
+}

@@ -10,9 +10,13 @@
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
  * posted (inside a collective, or between collectives through mcclTransportReadAhead), while its
- * park (park.h) has room for the collective frame that arrives next: a rank that
- * runs ahead of its receiver by more than the park bound (MCCL_PARK_BYTES per peer) is held back by
- * TCP's own window (bounded by the socket buffers). Failure notices and point-to-point frames are
+ * park (park.h) has room for the collective frame that arrives next. Credits (park.h) keep a
+ * sender's lead within the receiver's park bound (MCCL_PARK_BYTES per peer): a collective frame
+ * waits on its queue, and frames that may overtake (point-to-point frames, credit reports) go
+ * first, until the receiver's CREDIT frames say its receives took enough. While the owner is
+ * not reading a connection (it holds a frame that no receive or park can take), it cannot see
+ * reports on it, and sends to that peer fall back to TCP's window (bounded by the socket
+ * buffers), as with MCCL_CREDITS=0. Failure notices and point-to-point frames are
  * never read ahead. Point-to-point messages
  * that arrive before their receive are parked by the owner (core/p2p.c) within a byte budget per
  * peer; past it the owner holds the next message's header (MCCL_ARRIVE_HOLD) and the connection
@@ -64,6 +68,10 @@ typedef struct mcclXfer {
                                      frame, and every send queued behind it on its link, may leave */
   int ngate;
   int gates_send;                 /* receive: a send waits for it (wake the sender thread) */
+  int admitted;                   /* send: chosen to be written next (its credit counted); from
+                                     then on it is never overtaken (it may be partly written) */
+  int credit_wait;                /* send: it found the credit at the bound (counted once) */
+  int64_t t_credit;               /* with a trace: since when it waits for credit */
   int64_t t_post, t_first;        /* with a trace: when it was posted, when its first byte moved */
 } mcclXfer;
 
@@ -96,6 +104,15 @@ typedef struct mcclConn {
   mcclPark park;                  /* collective frames that arrived before their receive (park.h);
                                      they come before any frame being read, so a posted receive
                                      takes from here first */
+  mcclCredit credit;              /* flow control both ways (park.h): this rank's lead over the
+                                     peer's receives, and what this rank's receives took */
+  mcclXfer credit_x;              /* the CREDIT frame reporting credit.taken (owned here) */
+  int credit_queued;              /* owner: credit_x is on the send queue (until complete) */
+  atomic_int credit_blind;        /* 1: the owner is not reading this connection (it holds a
+                                     frame it cannot place), so reports cannot reach it: sends go
+                                     on without credit, held by TCP's window as without credits */
+  atomic_int credit_lost;         /* 1: a CREDIT frame could not be written (the peer left); no
+                                     more are sent, and the failure is left to any later frame */
   int ahead_stop;                 /* 1: nothing is wanted from this peer and what arrives next
                                      is not a collective frame the park can take (a failure
                                      notice, a point-to-point message, a close, a frame too
@@ -313,6 +330,11 @@ mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq);
  * ranks listed in `desc`): ranks that issued different collectives, where no receiver could tell
  * at the time (e.g. broadcasts whose roots differ). */
 int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap);
+
+/* Read the CREDIT frames (wire.h) at the front of `peer`'s stream, and only those: for the
+ * failure side (tcp_fail.c), which looks for a notice behind them. Fails on a report that does not
+ * fit what was sent (mcclProtocolError). Owner's thread. */
+mcclResult_t mcclTransportTakeCredits(mcclTransport* t, int peer);
 
 /* 1 when every peer published the same host address as this rank (all ranks on one machine, so
  * every byte crosses loopback and the CPU, not a wire, is the bottleneck), else 0. Transports made

@@ -200,6 +200,7 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
   for (int r = 0; r < nranks; r++) {
     t->conns[r].fd = -1;
     t->conns[r].park.cap = park;
+    mcclCreditInit(&t->conns[r].credit, park);
   }
   if (pipe(t->wake) != 0) {
     snprintf(t->error, sizeof(t->error), "pipe() failed: %s", strerror(errno));

@@ -171,6 +171,7 @@ static mcclResult_t settleFailed(mcclTransport* t, int peer, const mcclFrame* f,
  * next collective, a point-to-point message, a close) is left exactly as it was. */
 static mcclResult_t settlePeer(mcclTransport* t, int peer, uint64_t seq) {
   mcclConn* c = &t->conns[peer];
+  MCCLCHECK(mcclTransportTakeCredits(t, peer)); /* a notice may wait behind reports */
   uint8_t buf[MCCL_FRAME_BYTES + MCCL_MAX_ABORT_REASON];
   size_t have = c->rhdr_got; /* a header partly read already */
   memcpy(buf, c->rhdr, have);
@@ -249,7 +250,9 @@ int mcclTransportUnread(mcclTransport* t, char* desc, size_t cap) {
     mcclConn* c = &t->conns[r];
     if (c->fd < 0 || c->dead) continue;
     char b;
-    int pending = c->rx_mode != MCCL_RX_HEADER || c->rhdr_got > 0 || c->park.qlen > 0 ||
+    /* Reports of what this rank's peer took last (park.h) are not frames left unread. */
+    int pending = mcclTransportTakeCredits(t, r) != mcclSuccess || c->rx_mode != MCCL_RX_HEADER ||
+                  c->rhdr_got > 0 || c->park.qlen > 0 ||
                   recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
     if (!pending) continue;
     found++;

@@ -135,11 +135,17 @@ mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_
   int magic_ok = mcclFrameDecode(in, &f) == 0;
   if (out != NULL) *out = f;
   if (!magic_ok) return reject(MCCL_WIRE_BAD_MAGIC, why, cap, "a frame with a bad magic number 0x%08x", mcclGet32(in));
-  if (f.type != MCCL_FRAME_DATA && f.type != MCCL_FRAME_ABORT && !(f.type == MCCL_FRAME_P2P && p2p_ok))
+  if (f.type != MCCL_FRAME_DATA && f.type != MCCL_FRAME_ABORT && f.type != MCCL_FRAME_CREDIT &&
+      !(f.type == MCCL_FRAME_P2P && p2p_ok))
     return reject(MCCL_WIRE_BAD_TYPE, why, cap, "a frame of unexpected type %u", f.type);
   uint32_t reserved = mcclGet32(in + 44);
   if (reserved != 0)
     return reject(MCCL_WIRE_BAD_RESERVED, why, cap, "a frame whose reserved word is 0x%08x, not 0", reserved);
+  if (f.type == MCCL_FRAME_CREDIT &&
+      (f.length != 0 || f.coll || f.dtype || f.op || f.count || f.offset || f.step || f.root))
+    return reject(MCCL_WIRE_BAD_RESERVED, why, cap,
+                  "a credit frame with fields other than its total set (length %u, coll %u, count %llu)",
+                  f.length, f.coll, (unsigned long long)f.count);
   if (f.type == MCCL_FRAME_P2P) {
     size_t esz = f.dtype < mcclNumTypes ? mcclDataTypeSize((mcclDataType_t)f.dtype) : 0;
     if (esz == 0) return reject(MCCL_WIRE_BAD_DTYPE, why, cap, "a send/recv frame of unknown dtype %u", f.dtype);

@@ -19,7 +19,8 @@
  *
  * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing; its
  * seq is the number of collectives its sender completed (tcp.h, mcclTransportSettle).
- * A frame of type P2P belongs to a send/recv message (see the frame types below).
+ * A frame of type P2P belongs to a send/recv message, a frame of type CREDIT returns flow-control
+ * credit (see the frame types below).
  *
  * Everything that judges bytes from a peer lives in wire.c as pure functions (no sockets, no
  * state beyond their arguments): mcclHelloCheck for the handshake, mcclFrameHeaderCheck for a
@@ -35,7 +36,7 @@
 #include <string.h>
 
 #define MCCL_WIRE_MAGIC 0x4c43434du /* "MCCL" read as a little-endian u32 */
-#define MCCL_PROTOCOL_VERSION 1
+#define MCCL_PROTOCOL_VERSION 2 /* 2: CREDIT frames */
 #define MCCL_TOKEN_BYTES 16
 #define MCCL_HELLO_BYTES 48
 #define MCCL_FRAME_BYTES 48
@@ -52,8 +53,19 @@ enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2, MCCL_HELLO_KIND_READY
 /* DATA: a collective's frame, matched in order against the receives the algorithm posted.
  * P2P: a point-to-point message's frame (root = tag, count = the message's elements, offset and
  * length locate the payload in it), matched by (sender, tag) outside the collective order.
- * ABORT: the sender failed; the payload is its reason. */
-enum { MCCL_FRAME_DATA = 1, MCCL_FRAME_ABORT = 2, MCCL_FRAME_P2P = 3 };
+ * ABORT: the sender failed; the payload is its reason.
+ * CREDIT: flow control of collective frames (transport/park.h): seq is the number of collective
+ * payload bytes from the receiver of this frame that its sender's posted receives have taken
+ * since the connection opened (a running total, so a later CREDIT supersedes an earlier one),
+ * sent every MCCL_CREDIT_CHUNK bytes taken;
+ * no payload, and every other field 0. */
+enum { MCCL_FRAME_DATA = 1, MCCL_FRAME_ABORT = 2, MCCL_FRAME_P2P = 3, MCCL_FRAME_CREDIT = 4 };
+
+/* A receiver sends a CREDIT frame each time its receives have taken this many more collective
+ * payload bytes from the connection (transport/park.h). A wire constant, not a setting: a sender
+ * whose lead is below it may always go on, which is safe only if every receiver reports at least
+ * this often. */
+#define MCCL_CREDIT_CHUNK (256u * 1024u)
 
 /* Collective kinds, as carried in frames. */
 typedef enum {

@@ -8,8 +8,12 @@
  * collectives), handed to receives posted later in arrival
  * order with their bytes exact, checked against those receives as frames read directly are (a
  * mismatch fails naming the field), and failure notices, closes and frames that do not fit are
- * never read ahead (mcclTransportSettle still sees the notice). Last, 4 ranks of which one enters
- * an all-reduce 1 s late: no rank's RSS grows by more than its park bound plus 2 MiB.
+ * never read ahead (mcclTransportSettle still sees the notice). Then credits (park.h): a sender stops
+ * at the window until reports come, and goes on without them while its reader is stopped; a
+ * receiver reports every MCCL_CREDIT_CHUNK its receives take, and a report does not hide a notice.
+ * Last, 4 ranks of which one enters an all-reduce 1 s late: no rank's RSS grows by more than its
+ * park bound plus 2 MiB, no sender leads by more than the window, and nothing waits in the late
+ * rank's kernel buffers.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,6 +328,189 @@ static void testCloseAfterParked(void) {
   rigClose(&lb);
 }
 
+/* ---- credits -------------------------------------------------------------------------------- */
+
+/* Read everything "rank 1" has been sent by rank 0 so far into `got` (grown as needed). */
+static void drainPeer(int fd, uint8_t** got, size_t* len, size_t* cap) {
+  for (;;) {
+    if (*cap - *len < 65536) {
+      *cap = *cap * 2 + 65536;
+      *got = realloc(*got, *cap);
+    }
+    ssize_t n = recv(fd, *got + *len, *cap - *len, MSG_DONTWAIT);
+    if (n <= 0) return;
+    *len += (size_t)n;
+  }
+}
+
+static void sendCredit(int fd, uint64_t total) {
+  mcclFrame f;
+  memset(&f, 0, sizeof(f));
+  f.type = MCCL_FRAME_CREDIT;
+  f.seq = total;
+  uint8_t hdr[MCCL_FRAME_BYTES];
+  mcclFrameEncode(hdr, &f);
+  EXPECT(send(fd, hdr, sizeof(hdr), 0) == (ssize_t)sizeof(hdr), "credit written");
+}
+
+#define CFRAMES 24
+#define CWINDOW (16 * SEG) /* 1 MiB: the lead may reach it (above MCCL_CREDIT_CHUNK) */
+
+/* Rank 0 posts 24 collective frames of 64 KiB to "rank 1", which reads every byte (so TCP holds
+ * nothing back) but reports nothing: exactly the window's worth (16 frames) leaves, the 17th waits
+ * for credit. A report of 8 frames taken lets 8 more go; a report of all lets the rest go; every
+ * frame arrives exact and in order. A report of more than was sent is a protocol error. */
+static void testCreditBound(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  c->credit.window = CWINDOW;
+  mcclXfer x[CFRAMES];
+  float* src[CFRAMES];
+  memset(x, 0, sizeof(x));
+  for (int i = 0; i < CFRAMES; i++) {
+    src[i] = malloc(SEG);
+    payloadOf(i, src[i], SEG / sizeof(float));
+    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].buf = (char*)src[i];
+    x[i].bytes = SEG;
+    mcclTransportPostSend(&lb.tp, 1, &x[i]);
+  }
+  uint8_t* got = NULL;
+  size_t len = 0, cap = 0;
+  const size_t frame = MCCL_FRAME_BYTES + SEG;
+  for (int round = 0; round < 200; round++) {
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+    drainPeer(lb.peer_fd, &got, &len, &cap);
+  }
+  EXPECT(len == 16 * frame, "before any report: %zu bytes left, %zu expected (the window)", len, 16 * frame);
+  EXPECT(atomic_load(&c->credit.waits) == 1 && atomic_load(&c->credit.peak) == CWINDOW,
+         "waits %llu, peak lead %llu", (unsigned long long)atomic_load(&c->credit.waits),
+         (unsigned long long)atomic_load(&c->credit.peak));
+  sendCredit(lb.peer_fd, 8 * SEG);
+  for (int round = 0; round < 200; round++) {
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+    drainPeer(lb.peer_fd, &got, &len, &cap);
+  }
+  EXPECT(len == 24 * frame - 0 * frame && atomic_load(&c->credit.granted) == 8 * SEG,
+         "after a report of 8 frames: %zu bytes left (%zu expected)", len, 24 * frame);
+  EXPECT(atomic_load(&x[CFRAMES - 1].complete), "the last frame was written");
+  /* (8 taken + 16 window = 24: all of them.) */
+  for (int i = 0; i < CFRAMES && len == CFRAMES * frame; i++) {
+    mcclFrame f;
+    EXPECT(mcclFrameDecode(got + (size_t)i * frame, &f) == 0 && f.type == MCCL_FRAME_DATA && f.step == (uint32_t)i,
+           "frame %d in order", i);
+    EXPECT(memcmp(got + (size_t)i * frame + MCCL_FRAME_BYTES, src[i], SEG) == 0, "frame %d exact", i);
+  }
+  sendCredit(lb.peer_fd, CFRAMES * SEG);
+  EXPECT(progress(&lb) == mcclSuccess && atomic_load(&c->credit.granted) == CFRAMES * SEG, "report of all: %s",
+         lb.tp.error);
+  sendCredit(lb.peer_fd, CFRAMES * SEG + 1);
+  mcclResult_t res = progress(&lb);
+  EXPECT(res == mcclProtocolError && strstr(lb.tp.error, "credit") != NULL && strstr(lb.tp.error, "rank 1") != NULL,
+         "a report of more than was sent: %s: %s", mcclGetErrorString(res), lb.tp.error);
+  for (int i = 0; i < CFRAMES; i++) free(src[i]);
+  free(got);
+  rigClose(&lb);
+}
+
+/* While rank 0 leaves a frame of rank 1's in the socket because no receive and no park can take
+ * it, it reads nothing from rank 1, so no report could reach it: its sends to rank 1 then go on past the window (TCP's
+ * window alone holds them, as with MCCL_CREDITS=0) instead of waiting for ever. */
+static void testCreditBlind(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  c->credit.window = CWINDOW;
+  c->park.cap = SEG / 2;
+  Wire w = {0};
+  char* big = calloc(1, SEG);
+  mcclFrame f = dataFrame(0, SEG, 1); /* larger than the park: held, unread */
+  wireAdd(&w, &f, big);
+  EXPECT(wirePump(&w, lb.peer_fd), "written");
+  mcclXfer x[CFRAMES];
+  memset(x, 0, sizeof(x));
+  for (int i = 0; i < CFRAMES; i++) {
+    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].buf = big;
+    x[i].bytes = SEG;
+    mcclTransportPostSend(&lb.tp, 1, &x[i]);
+  }
+  uint8_t* got = NULL;
+  size_t len = 0, cap = 0;
+  for (int round = 0; round < 200 && !atomic_load(&x[CFRAMES - 1].complete); round++) {
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+    drainPeer(lb.peer_fd, &got, &len, &cap);
+  }
+  EXPECT(c->ahead_stop == 1 && atomic_load(&c->credit_blind) == 1, "left in the socket (stop %d, blind %d)",
+         c->ahead_stop, atomic_load(&c->credit_blind));
+  EXPECT(atomic_load(&x[CFRAMES - 1].complete), "all %d frames left without a report", CFRAMES);
+  free(got);
+  free(big);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+/* The receiving side: rank 0's receives take "rank 1"'s frames, and each MCCL_CREDIT_CHUNK taken
+ * is reported in a CREDIT frame carrying the running total. A report at the front of the stream
+ * does not hide a failure notice behind it from mcclTransportSettle, and is not "unread". */
+static void testCreditReport(void) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  Wire w = {0};
+  char* payload = calloc(1, SEG);
+  const int nframes = 2 * MCCL_CREDIT_CHUNK / SEG + 1;
+  mcclXfer* x = calloc((size_t)nframes, sizeof(mcclXfer));
+  char* dst = malloc((size_t)nframes * SEG);
+  for (int i = 0; i < nframes; i++) {
+    mcclFrame f = dataFrame((uint32_t)i, SEG, 0);
+    wireAdd(&w, &f, payload);
+    x[i].frame = f;
+    x[i].buf = dst + (size_t)i * SEG;
+    x[i].bytes = SEG;
+    mcclTransportPostRecv(&lb.tp, 1, &x[i]);
+  }
+  int64_t until = mcclNowNs() + 5000 * 1000000LL;
+  while (!atomic_load(&x[nframes - 1].complete) && mcclNowNs() < until) {
+    wirePump(&w, lb.peer_fd);
+    EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
+  }
+  uint8_t* got = NULL;
+  size_t len = 0, cap = 0;
+  drainPeer(lb.peer_fd, &got, &len, &cap);
+  EXPECT(len == 2 * MCCL_FRAME_BYTES, "%zu bytes of reports, 2 expected", len);
+  for (int k = 0; k < 2 && len == 2 * MCCL_FRAME_BYTES; k++) {
+    mcclFrame f;
+    char why[200];
+    EXPECT(mcclFrameHeaderCheck(got + k * MCCL_FRAME_BYTES, 1, &f, why, sizeof(why)) == MCCL_WIRE_OK &&
+               f.type == MCCL_FRAME_CREDIT && f.seq == (uint64_t)(k + 1) * MCCL_CREDIT_CHUNK,
+           "report %d: type %u, total %llu (%s)", k, f.type, (unsigned long long)f.seq, why);
+  }
+  free(w.bytes);
+  memset(&w, 0, sizeof(w));
+  /* Now "rank 1" reports (a total of 0 is valid: nothing was sent) and then fails. */
+  sendCredit(lb.peer_fd, 0);
+  char desc[64];
+  EXPECT(mcclTransportUnread(&lb.tp, desc, sizeof(desc)) == 0, "a report alone is not unread: %s", desc);
+  sendCredit(lb.peer_fd, 0);
+  const char reason[] = "boom";
+  mcclFrame a;
+  memset(&a, 0, sizeof(a));
+  a.type = MCCL_FRAME_ABORT;
+  a.length = sizeof(reason) - 1;
+  wireAdd(&w, &a, reason);
+  EXPECT(wirePump(&w, lb.peer_fd), "notice written");
+  mcclResult_t res = mcclTransportSettle(&lb.tp, 0);
+  EXPECT(res == mcclRemoteError && strstr(lb.tp.error, "boom") != NULL, "settle behind a report: %s: %s",
+         mcclGetErrorString(res), lb.tp.error);
+  free(got);
+  free(x);
+  free(dst);
+  free(payload);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
 /* ---- memory under skew ---------------------------------------------------------------------- */
 
 #define SKEW_COUNT (16u << 20)
@@ -372,7 +559,22 @@ static int skewedRank(int r, int n, mcclStore_t* store, void* arg) {
   int peak_ok = clear != NULL && fputs("5", clear) >= 0;
   if (clear != NULL) peak_ok = fclose(clear) == 0 && peak_ok;
   size_t before = procStatusBytes("VmRSS");
-  if (r == n - 1) harnessSleepUs(1000 * 1000);
+  if (r == n - 1) {
+    harnessSleepUs(1000 * 1000);
+    /* Credits: what the others sent ahead of this rank's receives is in its parks (the idle
+     * engine read it there), not in the kernel: every sender stopped at the window. Without
+     * credits (MCCL_CREDITS=0) the kernel holds what the socket buffers take (MiBs here). */
+    for (int p = 0; p < n; p++) {
+      int pending = -1;
+      if (p == r || comm->tp.conns[p].fd < 0) continue;
+      EXPECT(ioctl(comm->tp.conns[p].fd, FIONREAD, &pending) == 0, "FIONREAD");
+      if (mcclParamInt("MCCL_CREDITS") && mcclParamInt("MCCL_IDLE_READ"))
+        EXPECT(pending <= 64 * 1024, "rank %d: %d bytes from rank %d waiting in the kernel after 1 s (credits on)",
+               r, pending, p);
+      printf("rank %d: %d bytes from rank %d in the kernel after 1 s (MCCL_CREDITS=%d)\n", r, pending, p,
+             (int)mcclParamInt("MCCL_CREDITS"));
+    }
+  }
   EXPECT_OK(comm, mcclAllReduce(buf, buf, SKEW_COUNT, mcclFloat32, mcclSum, comm, NULL, NULL));
   size_t after = procStatusBytes(peak_ok ? "VmHWM" : "VmRSS");
   /* The park's own count, in every build: no connection ever held more than the bound. Read
@@ -381,6 +583,13 @@ static int skewedRank(int r, int n, mcclStore_t* store, void* arg) {
   for (int p = 0; p < n; p++)
     if (p != r && comm->tp.conns[p].park.peak > peak) peak = comm->tp.conns[p].park.peak;
   EXPECT(peak <= mcclParkBytes(), "rank %d: a park held %zu bytes (bound %zu)", r, peak, mcclParkBytes());
+  /* And no sender ever led its receiver by more than the window (park.h: the ring's segments). */
+  uint64_t lead = 0;
+  for (int p = 0; p < n; p++)
+    if (p != r && atomic_load(&comm->tp.conns[p].credit.peak) > lead) lead = atomic_load(&comm->tp.conns[p].credit.peak);
+  if (mcclParamInt("MCCL_CREDITS"))
+    EXPECT(lead <= mcclParkBytes(), "rank %d: led a receiver by %llu bytes (window %zu)", r, (unsigned long long)lead,
+           mcclParkBytes());
   /* The process's: a sanitizer's allocator and shadow memory add resident pages that are not
    * ours (tsan: 7.8 MiB here in one CI run), so the RSS bound holds only in plain builds. */
   size_t bound = mcclParkBytes() + (2u << 20);
@@ -431,6 +640,9 @@ int main(void) {
   testNoticeNotReadAhead(0);
   testNoticeNotReadAhead(1);
   testCloseAfterParked();
+  testCreditBound();
+  testCreditBlind();
+  testCreditReport();
   EXPECT(harnessRunRanks(2, 60, idleRank, NULL) == 0, "2 ranks, read ahead while idle: every rank passed");
   EXPECT(harnessRunRanks(4, 60, skewedRank, NULL) == 0, "4 ranks, one 1 s late: every rank passed");
   return harnessExit("test_park");

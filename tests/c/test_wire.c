@@ -72,8 +72,8 @@ static void testHello(void) {
   expectHelloStatus(&e, &h, MCCL_WIRE_OK, NULL, "valid hello");
 
   mcclHello b = h;
-  b.version = 2;
-  expectHelloStatus(&e, &b, MCCL_WIRE_BAD_VERSION, "version 2", "version");
+  b.version = MCCL_PROTOCOL_VERSION + 1;
+  expectHelloStatus(&e, &b, MCCL_WIRE_BAD_VERSION, "version 3", "version");
   b = h;
   b.kind = MCCL_HELLO_KIND_ACK;
   expectHelloStatus(&e, &b, MCCL_WIRE_BAD_KIND, "kind", "kind");

@@ -78,7 +78,11 @@ static mcclWireStatus fuzzHeader(const uint8_t* in, int p2p_ok, mcclFrame* f, ch
   uint8_t again[MCCL_FRAME_BYTES];
   mcclFrameEncode(again, f);
   REQUIRE(memcmp(again, in, MCCL_FRAME_BYTES) == 0);
-  REQUIRE(f->type == MCCL_FRAME_DATA || f->type == MCCL_FRAME_ABORT || (p2p_ok && f->type == MCCL_FRAME_P2P));
+  REQUIRE(f->type == MCCL_FRAME_DATA || f->type == MCCL_FRAME_ABORT || f->type == MCCL_FRAME_CREDIT ||
+          (p2p_ok && f->type == MCCL_FRAME_P2P));
+  if (f->type == MCCL_FRAME_CREDIT)
+    REQUIRE(f->length == 0 && f->coll == 0 && f->dtype == 0 && f->op == 0 && f->count == 0 && f->offset == 0 &&
+            f->step == 0 && f->root == 0);
   if (f->type == MCCL_FRAME_P2P) {
     REQUIRE(f->dtype < mcclNumTypes);
     unsigned __int128 total = (unsigned __int128)f->count * mcclDataTypeSize((mcclDataType_t)f->dtype);

@@ -81,7 +81,7 @@ static void wireSeeds(void) {
   h = hello(MCCL_HELLO_KIND_ACK, 0, 3);
   mcclHelloEncode(buf + 3, &h);
   emit("wire", "ack", buf, 3 + MCCL_HELLO_BYTES);
-  /* Frame headers: a ring all-reduce segment, an abort, a P2P frame; and a matching pair. */
+  /* Frame headers: a ring all-reduce segment, an abort, a P2P frame, a credit; and a matching pair. */
   buf[0] = 2 | 4; buf[1] = 255; buf[2] = 0;
   mcclFrame f = dataFrame(MCCL_COLL_ALLREDUCE, mcclFloat32, mcclSum, 17, 1 << 20, 262144, 262144, 3, 0);
   mcclFrameEncode(buf + 3, &f);
@@ -93,6 +93,11 @@ static void wireSeeds(void) {
   f = p2pFrame(5, 2, mcclInt64, 1000, 4096, 3904);
   mcclFrameEncode(buf + 3, &f);
   emit("wire", "frame-p2p", buf, 3 + MCCL_FRAME_BYTES);
+  memset(&f, 0, sizeof(f));
+  f.type = MCCL_FRAME_CREDIT;
+  f.seq = 3u << 20;
+  mcclFrameEncode(buf + 3, &f);
+  emit("wire", "frame-credit", buf, 3 + MCCL_FRAME_BYTES);
   buf[0] = 3 | 4; buf[1] = 64;
   f = dataFrame(MCCL_COLL_BROADCAST, mcclBfloat16, mcclSum, 4, 999, 0, 1998, 1, 2);
   mcclFrameEncode(buf + 3, &f);
