@@ -13,12 +13,15 @@ the time it actually moved bytes (the union of its ``send`` / ``recv`` spans), a
 between. The receiving side is the wire's witness: a ``recv`` span lasts while the bytes of a frame
 arrive, so a gap there is time the link from that peer carried nothing this rank was waiting for.
 (A ``send`` span only lasts while the kernel takes the bytes, which its socket buffer usually does
-at once; what holds a sender back shows as ``send-queued`` and ``window`` time, reported per send
-link.) Each gap of a receive link is put down to one cause, first match wins:
+at once; what holds a sender back shows as ``send-queued``, ``window`` and ``credit`` time,
+reported per send link.) Each gap of a receive link is put down to one cause, first match wins:
 
 ``window``
     the peer's socket to this rank was full during the gap (a ``window`` span in the peer's trace,
     when that trace is among the files; else this rank's own send socket to the same peer);
+``credit``
+    the peer's next frame to this rank waited for this rank's credit report during the gap (a
+    ``credit`` span in the peer's trace: its lead was at the bound, csrc/transport/park.h);
 ``reduce``
     the engine was reducing or copying a received segment during the gap;
 ``phase``
@@ -40,7 +43,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 
-CAUSES = ("window", "reduce", "phase", "step", "segment")
+CAUSES = ("window", "credit", "reduce", "phase", "step", "segment")
 
 
 @dataclass
@@ -54,6 +57,7 @@ class LinkSummary:
     busy_us: float = 0.0
     queued_us: float = 0.0  # send links: frames posted but not yet taken by the kernel
     window_us: float = 0.0  # send links: the socket full (the peer's TCP window, or the wire)
+    credit_us: float = 0.0  # send links: a frame waiting for the peer's credit (its lead at the bound)
     parked_frames: int = 0  # receive links: frames that arrived before their receive was posted
     parked_bytes: int = 0
     bubbles_us: dict = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
@@ -141,13 +145,17 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
                 continue
             waits = [e for e in evs if e["name"] in ("send-queued", "recv-wait")]
             windows = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["name"] == "window"]
+            credits = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["name"] == "credit"]
             if tid % 2 == 0:  # a receive link: the peer's socket to this rank, from its trace
                 peer = (tid - 2) // 2
                 theirs = peers.get(peer) if peers else None
-                windows = [] if theirs is None else [
-                    (e["ts"], e["ts"] + e["dur"]) for e in theirs["traceEvents"]
-                    if e.get("ph") == "X" and e.get("tid") == 1 + 2 * rank and e["name"] == "window"
-                    and mine(e)]
+
+                def peer_spans(name):
+                    return [] if theirs is None else [
+                        (e["ts"], e["ts"] + e["dur"]) for e in theirs["traceEvents"]
+                        if e.get("ph") == "X" and e.get("tid") == 1 + 2 * rank and e["name"] == name
+                        and mine(e)]
+                windows, credits = peer_spans("window"), peer_spans("credit")
             s = LinkSummary(track=names.get(tid, str(tid)))
             # Times are the collective's own: a frame parked before it started (an idle engine
             # reads ahead, transport/tcp.h) counts its bytes, not the time before the start.
@@ -158,6 +166,7 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
                 return a, max(a, min(e["ts"] + e["dur"], c1))
             s.queued_us = sum(b - a for a, b in _union([span(e) for e in waits]))
             s.window_us = sum(b - a for a, b in _union(windows)) if tid % 2 == 1 else 0.0
+            s.credit_us = sum(b - a for a, b in _union(credits)) if tid % 2 == 1 else 0.0
             s.frames = len(moves)
             s.bytes = sum(e["args"]["bytes"] for e in moves)
             parked = [e for e in moves if e["name"] == "park"]
@@ -175,6 +184,8 @@ def summarize(data: dict, peers: dict | None = None) -> list[CollectiveSummary]:
                 if a > prev_end:
                     if _overlaps(windows, prev_end, a):
                         cause = "window"
+                    elif _overlaps(credits, prev_end, a):
+                        cause = "credit"
                     elif _overlaps(work, prev_end, a):
                         cause = "reduce"
                     elif kind == "allreduce" and prev_step is not None and \
@@ -232,7 +243,8 @@ def report(summaries: list[CollectiveSummary], top: int, stream=sys.stdout) -> N
             if link.track.startswith("send") and link.bytes > 0:
                 print(f"{c.rank:>4} {c.name:<16} {link.track:<18} {link.bytes / 2**20:8.2f} {link.frames:>6} "
                       f"{_fmt_ms(c.dur_us)}   queued {link.queued_us / 1e3:.3f} ms, socket full "
-                      f"{link.window_us / 1e3:.3f} ms, reduce/copy on the engine {c.reduce_us / 1e3:.3f} ms",
+                      f"{link.window_us / 1e3:.3f} ms, waiting for credit {link.credit_us / 1e3:.3f} ms, "
+                      f"reduce/copy on the engine {c.reduce_us / 1e3:.3f} ms",
                       file=stream)
     parked = [(link.parked_frames, link.parked_bytes, link.frames) for c in summaries for link in c.links
               if link.track.startswith("recv")]
@@ -342,7 +354,7 @@ def _as_json(summaries: list[CollectiveSummary]) -> list[dict]:
                     "dtype": c.dtype, "start_us": c.start_us, "dur_us": c.dur_us, "reduce_us": c.reduce_us,
                     "links": [{"track": l.track, "bytes": l.bytes, "frames": l.frames,
                                "pending_us": l.pending_us, "busy_us": l.busy_us, "idle_us": l.idle_us,
-                               "queued_us": l.queued_us, "window_us": l.window_us,
+                               "queued_us": l.queued_us, "window_us": l.window_us, "credit_us": l.credit_us,
                                "parked_frames": l.parked_frames, "parked_bytes": l.parked_bytes,
                                "bubbles_us": l.bubbles_us, "bubble_count": l.bubble_count}
                               for l in c.links]})

@@ -140,3 +140,28 @@ def test_gap_decomposes_each_period_against_the_wire_bound(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mean of 2 collectives after the first 1: period 9.50 ms = bound 8.00 ms (84.2% of the period)" in out
     assert trace.main(["gap", str(path), "--goodput", "fast"]) == 2
+
+
+def _x(tid, name, ts, dur, step=0, nbytes=0, cat="frame"):
+    return {"ph": "X", "tid": tid, "name": name, "ts": ts, "dur": dur, "cat": cat,
+            "args": {"seq": 0, "coll": "allreduce", "step": step, "bytes": nbytes, "offset": 0}}
+
+
+def test_gap_while_the_sender_waits_for_credit_is_put_down_to_credit():
+    """Rank 0's receive link from rank 1 idles from 100 to 300 us while rank 1's next frame to
+    rank 0 waits for rank 0's credit (a ``credit`` span on rank 1's send track to rank 0, tid 1):
+    the gap's cause is "credit", and rank 1's send link reports the 200 us waited."""
+    coll = {"ph": "X", "tid": 0, "name": "mccl:all_reduce", "cat": "collective", "ts": 0, "dur": 500,
+            "args": {"seq": 0, "coll": "allreduce", "count": 1024, "dtype": "float32"}}
+    r0 = {"otherData": {"rank": 0, "nranks": 2}, "traceEvents": [
+        coll, _x(4, "recv", 0, 100, 0, 4096), _x(4, "recv", 300, 100, 0, 4096)]}
+    r1 = {"otherData": {"rank": 1, "nranks": 2}, "traceEvents": [
+        dict(coll), _x(1, "send", 0, 50, 0, 4096), _x(1, "credit", 100, 200, 0, 4096),
+        _x(1, "send", 300, 50, 0, 4096)]}
+    (s0,) = trace.summarize(r0, {1: r1})
+    (link,) = s0.links
+    assert link.bubbles_us["credit"] == 200 and sum(link.bubbles_us.values()) == 200, link
+    assert link.bubble_count["credit"] == 1
+    (s1,) = trace.summarize(r1, {0: r0})
+    (send,) = [l for l in s1.links if l.credit_us]
+    assert send.credit_us == 200, send
