@@ -42,6 +42,7 @@ snap() {  # snap FILE: TCP and tc counters of every host (the format bench/netdi
     "$IPR/tc" -s -n "mccl-t0-h$i" qdisc show dev eth0
     "$IPR/tc" -s qdisc show dev "mccl-t0-v$i"
   done > "$1" 2>&1
+  { echo "## softnet"; cat /proc/net/softnet_stat; } >> "$1" 2>&1
 }
 sample_ss() {  # sample_ss FILE: host 1's TCP connections every 20 ms until killed
   while :; do

@@ -22,14 +22,30 @@ import sys
 
 KEYS = ["Tcp.OutSegs", "Tcp.RetransSegs", "TcpExt.TCPFastRetrans", "TcpExt.TCPTimeouts",
         "TcpExt.TCPLossProbes", "TcpExt.DelayedACKs", "TcpExt.TCPSackRecovery", "TcpExt.TCPOFOQueue",
-        "TcpExt.TCPToZeroWindowAdv", "TcpExt.TCPWantZeroWindowAdv", "TcpExt.TCPRcvQDrop",
-        "eth0.dropped", "eth0.overlimits", "veth.dropped", "veth.overlimits"]
+        "TcpExt.TCPSACKReorder", "TcpExt.TCPDSACKRecv", "TcpExt.TCPToZeroWindowAdv",
+        "TcpExt.TCPWantZeroWindowAdv", "TcpExt.TCPRcvQDrop", "eth0.dropped", "eth0.overlimits",
+        "veth.dropped", "veth.overlimits", "softnet.dropped", "softnet.squeezed"]
 
 
 def parse(path: str) -> dict:
+    return parse_text(open(path).read())
+
+
+def parse_text(text: str) -> dict:
+    """Counters per host number (-1: the machine's softnet section) of one snapshot's text."""
     hosts, cur, nqdisc = {}, None, 0
-    lines = open(path).read().split("\n")
+    lines = text.split("\n")
     for i, line in enumerate(lines):
+        if line.startswith("## softnet"):
+            cur, nqdisc = -1, 0
+            hosts[cur] = collections.Counter()
+            continue
+        if cur == -1:
+            cols = line.split()
+            if len(cols) >= 3 and all(re.fullmatch(r"[0-9a-f]+", c) for c in cols):
+                hosts[cur]["softnet.dropped"] += int(cols[1], 16)
+                hosts[cur]["softnet.squeezed"] += int(cols[2], 16)
+            continue
         m = re.match(r"## host (\d+)", line)
         if m:
             cur, nqdisc = int(m.group(1)), 0

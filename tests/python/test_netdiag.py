@@ -40,3 +40,27 @@ def test_ss_report_reads_each_connections_last_sample(tmp_path):
     ]
     # below the threshold nothing is printed
     assert netdiag.ss_report(str(path), min_bytes=40_000_000) == []
+
+
+SNAP = """## host 0
+Tcp: RtoAlgorithm OutSegs RetransSegs
+Tcp: 1 {out} {re}
+TcpExt: TCPSACKReorder TCPDSACKRecv
+TcpExt: {ro} 2
+qdisc tbf 8001: root refcnt 2 rate 5Gbit burst 625000b lat 50ms
+ Sent 100 bytes 10 pkt (dropped 0, overlimits 7 requeues 0)
+## softnet
+{cpu0} 00000000 00000000
+00000010 {drop1} {sq1} 00000000
+"""
+
+
+def test_parse_sums_softnet_backlog_drops_over_cpus(tmp_path):
+    before = SNAP.format(out=100, re=1, ro=3, cpu0="000000ff 00000001", drop1="00000000", sq1="00000002")
+    after = SNAP.format(out=250, re=4, ro=5, cpu0="000001ff 00000003", drop1="0000000a", sq1="00000004")
+    b, a = netdiag.parse_text(before), netdiag.parse_text(after)
+    assert a[0]["Tcp.OutSegs"] - b[0]["Tcp.OutSegs"] == 150 and a[0]["Tcp.RetransSegs"] == 4
+    assert a[0]["TcpExt.TCPSACKReorder"] == 5 and a[0]["eth0.overlimits"] == 7
+    # softnet_stat is hexadecimal: column 2 the backlog's drops, column 3 its time squeezes, summed over CPUs
+    assert (b[-1]["softnet.dropped"], b[-1]["softnet.squeezed"]) == (1, 2)
+    assert (a[-1]["softnet.dropped"], a[-1]["softnet.squeezed"]) == (3 + 10, 4)
