@@ -84,9 +84,12 @@ void mcclParkFree(mcclPark* p);
  * receiver's socket until TCP's window closes. Credits (the paper's section 4.3) stop it first:
  * the receiver of a connection tells its sender, in CREDIT frames (wire.h), how many collective
  * payload bytes its posted receives have taken so far, and the sender starts a collective frame
- * only while its lead (bytes sent and not yet reported taken) stays within `window`, the
- * receiver's park bound. What a rank sends ahead of its peer's receives then fits that peer's
- * park, so the peer keeps reading.
+ * only while its lead (bytes sent and not yet reported taken) stays within `window`: the sender's
+ * own park bound (MCCL_PARK_BYTES; the ranks do not exchange theirs). When every rank has the same
+ * bound, what a rank sends ahead of its peer's receives fits that peer's park, so the peer keeps
+ * reading. A receiver with a smaller park than its sender's can be sent more than it parks; the
+ * rest waits in its kernel buffers under TCP's window, as without credits (exact, and bounded by
+ * the sender's window).
  *
  * A report goes each time MCCL_CREDIT_CHUNK (256 KiB, wire.h) more bytes were taken: a sixth of
  * the default window, so a sender at the bound gets credit back long before it runs dry. Every
