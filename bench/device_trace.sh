@@ -105,5 +105,5 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
     *) echo "device_trace.sh: unknown stage '$st'" >&2; exit 2 ;;
   esac
 done
-gzip -9 "$RES"/trace*/t.*.json 2>/dev/null  # every rank's trace, compressed (about 0.25 MB each)
+gzip -9 "$RES"/trace*/t.*.json "$RES"/net/ss-*.txt 2>/dev/null  # every rank's trace (about 0.25 MB each) and the ss samples (netdiag.py reads .txt.gz)
 echo "results in $RES"
