@@ -33,7 +33,8 @@ struct mcclTrace {
 };
 
 static const char* const kKindName[MCCL_TRACE_KINDS] = {
-    "send", "send-queued", "window", "recv", "recv-wait", "reduce", "copy", "collective", "park", "credit"};
+    "send", "send-queued", "window", "recv", "recv-wait", "reduce", "copy", "collective", "park", "credit",
+    "report", "grant"};
 
 static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
 static mcclTrace* open_list = NULL;

@@ -47,6 +47,10 @@ typedef enum {
   MCCL_TRACE_COLLECTIVE,
   MCCL_TRACE_PARK,         /* a collective frame's bytes arriving into the park (transport/park.h) */
   MCCL_TRACE_CREDIT,       /* a collective frame waiting for the receiver's credit (park.h) */
+  MCCL_TRACE_REPORT,       /* instant, on a receive track: a credit report posted to that peer
+                              (bytes: the total its receives took; coll/seq: the last frame's) */
+  MCCL_TRACE_GRANT,        /* instant, on a send track: that peer's report arrived (bytes: its
+                              total; coll/seq are not on the wire: 0) */
   MCCL_TRACE_KINDS
 } mcclTraceKind;
 

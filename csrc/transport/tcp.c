@@ -561,6 +561,11 @@ static void creditPost(mcclTransport* t, int peer) {
   atomic_store(&x->complete, 0);
   c->credit.reported = c->credit.taken;
   c->credit_queued = 1;
+  if (t->trace) { /* the report's latency, to its grant in the peer's trace (python -m mccl.trace) */
+    mcclTraceArgs a = {.coll = c->taken_coll, .seq = c->taken_seq, .bytes = c->credit.taken};
+    int64_t now = mcclNowNs();
+    mcclTraceSpan(t->trace, mcclTraceRecvTrack(peer), MCCL_TRACE_REPORT, now, now, &a);
+  }
   if (s != NULL) pthread_mutex_lock(&s->mu);
   if (c->sq_head == NULL && (s == NULL || !s->halted)) {
     /* Nobody is writing this socket (an empty queue, and the lock): write it now. */
@@ -598,6 +603,11 @@ static mcclResult_t creditArrived(mcclTransport* t, int peer, const mcclFrame* f
     snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
     return mcclProtocolError;
   }
+  if (t->trace) {
+    mcclTraceArgs a = {.bytes = f->seq};
+    int64_t now = mcclNowNs();
+    mcclTraceSpan(t->trace, mcclTraceSendTrack(peer), MCCL_TRACE_GRANT, now, now, &a);
+  }
   /* A send held for credit sits in the sender thread's queues, which it stopped looking at. */
   if (t->sender != NULL && c->credit.window > 0) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
   return mcclSuccess;
@@ -620,6 +630,8 @@ static void recvDone(mcclTransport* t, mcclConn* c) {
   c->rq_head = x->next;
   if (c->rq_head == NULL) c->rq_tail = NULL;
   c->credit.taken += x->bytes;
+  c->taken_coll = x->frame.coll;
+  c->taken_seq = x->frame.seq;
   x->complete = 1;
   /* A send waiting for this receive sits in the sender thread's queues, which it stopped
    * looking at; without a thread, the owner's next round finds it sendable. */

@@ -108,6 +108,8 @@ typedef struct mcclConn {
                                      peer's receives, and what this rank's receives took */
   mcclXfer credit_x;              /* the CREDIT frame reporting credit.taken (owned here) */
   int credit_queued;              /* owner: credit_x is on the send queue (until complete) */
+  uint8_t taken_coll;             /* owner, for the trace: the collective of the last frame taken */
+  uint64_t taken_seq;             /*   and its sequence number */
   atomic_int credit_blind;        /* 1: the owner is not reading this connection (it holds a
                                      frame it cannot place), so reports cannot reach it: sends go
                                      on without credit, held by TCP's window as without credits */

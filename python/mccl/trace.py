@@ -33,6 +33,12 @@ reported per send link.) Each gap of a receive link is put down to one cause, fi
 ``segment``
     the next frame is the next segment of the same step (the per-frame cost of the pipeline).
 
+The summary ends with the credit loop's latency (csrc/transport/park.h): each ``report`` instant
+on a receive link (a rank posting a CREDIT frame with the total its receives took from that peer)
+is matched by total to the peer's ``grant`` instant (the frame read at the sender), when the two
+traces share a host (one clock). A sender at its window waits at least this long for room, so a
+latency near the window's transfer time (1.5 MiB at the link's rate) would mean credits starve it.
+
 Times are microseconds on CLOCK_MONOTONIC, as the trace stores them.
 """
 from __future__ import annotations
@@ -216,6 +222,72 @@ def summarize_all(traces: list[dict]) -> list[CollectiveSummary]:
                  and o["otherData"].get("host") == meta.get("host")}
         out += summarize(t, peers)
     return out
+
+
+@dataclass
+class CreditLatency:
+    """Report-to-grant times of one communicator's credit reports (us), over every link."""
+
+    reports: int          # reports posted (in traces whose peer's trace is on the same host)
+    matched: int          # of them, granted in the peer's trace
+    median_us: float
+    p90_us: float
+    max_us: float
+    worst_link: str       # "rank p -> rank r" (data direction) with the largest p90, or ""
+
+
+def _p90(v: list[float]) -> float:
+    """Nearest-rank 90th percentile of a non-empty list."""
+    s = sorted(v)
+    return s[max(0, -(-9 * len(s) // 10) - 1)]
+
+
+def credit_latency(traces: list[dict]) -> CreditLatency | None:
+    """Match every ``report`` (the receiver's trace, receive track of the data's sender) to the
+    ``grant`` with the same total in the sender's trace (its send track to the receiver), for
+    traces of one communicator on one host. None when no report has its peer's trace."""
+    import statistics
+
+    by_rank = {}
+    for t in traces:
+        m = t["otherData"]
+        by_rank[(m.get("communicator"), m.get("host"), int(m["rank"]))] = t
+    reports, lat, per_link = 0, [], {}
+    for (comm, host, r), t in by_rank.items():
+        for e in t["traceEvents"]:
+            if e.get("ph") != "X" or e["name"] != "report" or e["tid"] % 2 != 0:
+                continue
+            p = (e["tid"] - 2) // 2
+            peer = by_rank.get((comm, host, p))
+            if peer is None:
+                continue
+            reports += 1
+            key = (comm, p, r)
+            if key not in per_link:
+                per_link[key] = ({g["args"]["bytes"]: g["ts"] for g in peer["traceEvents"]
+                                  if g.get("ph") == "X" and g["name"] == "grant" and g["tid"] == 1 + 2 * r}, [])
+            grants, mine = per_link[key]
+            ts = grants.get(e["args"]["bytes"])
+            if ts is not None:
+                mine.append(ts - e["ts"])
+                lat.append(ts - e["ts"])
+    if reports == 0:
+        return None
+    worst = max(((k, _p90(v[1])) for k, v in per_link.items() if v[1]), key=lambda kv: kv[1], default=None)
+    if not lat:
+        return CreditLatency(reports, 0, 0.0, 0.0, 0.0, "")
+    return CreditLatency(reports=reports, matched=len(lat), median_us=statistics.median(lat), p90_us=_p90(lat),
+                         max_us=max(lat), worst_link="" if worst is None else
+                         f"rank {worst[0][1]} -> rank {worst[0][2]} (p90 {worst[1]:.1f} us)")
+
+
+def report_credit_latency(lat: CreditLatency | None, stream=None) -> None:
+    stream = stream or sys.stdout
+    if lat is None:
+        return
+    print(f"credit reports: {lat.reports} posted, {lat.matched} granted in the peer's trace; report to grant "
+          f"median {lat.median_us:.1f} us, p90 {lat.p90_us:.1f} us, max {lat.max_us:.1f} us"
+          + (f"; slowest link {lat.worst_link}" if lat.worst_link else ""), file=stream)
 
 
 def _fmt_ms(us: float) -> str:
@@ -417,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         report_gaps(gaps(summaries, goodput), args.skip)
         return 0
     report(summaries, args.top)
+    report_credit_latency(credit_latency(traces))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(_as_json(summaries), f, indent=1)

@@ -46,6 +46,7 @@ def test_trace_records_every_frame_exactly(tmp_path):
     prefix = str(tmp_path / "t")
     values = check_ok(run_ranks(_traced, n, deadline_s=120, env={"MCCL_TRACE": prefix}))
     assert all(v["ok"] for v in values)
+    posted = 0
     for r in range(n):
         path = f"{prefix}.group_0.rank{r}.json"
         data = trace.load(path)
@@ -79,9 +80,30 @@ def test_trace_records_every_frame_exactly(tmp_path):
                 assert 0 <= link.busy_us <= link.pending_us <= c.dur_us + 1e-3, link
                 assert abs(sum(link.bubbles_us.values()) - link.idle_us) <= 1e-3 + 1e-6 * link.pending_us, link
                 assert 0 <= link.window_us <= link.pending_us + 1e-3 and link.queued_us >= 0, link
+        # Credit reports (csrc/transport/park.h): the receives from the ring's predecessor took
+        # 2 (n - 1) chunks of the all-reduce and n - 1 blocks of the all-gather, all in 256 KiB
+        # frames. A report is due after each, and one due while the last is still queued covers
+        # both: totals rise by whole frames, at least one each time, up to all of it.
+        taken = 2 * (n - 1) * (ELEMS // n) * 4 + (n - 1) * ELEMS * 4
+        reports = [e["args"]["bytes"] for e in data["traceEvents"] if e.get("tid") == recv_track
+                   and e["name"] == "report"]
+        steps = [b - a for a, b in zip([0] + reports, reports)]
+        assert reports and reports[-1] == taken and all(d > 0 and d % (1 << 18) == 0 for d in steps), steps
+        posted += len(reports)
+        # Rank r's successor's reports arrive here as grants: each one a total it reported.
+        succ = trace.load(f"{prefix}.group_0.rank{(r + 1) % n}.json")
+        theirs = {e["args"]["bytes"]: e["ts"] for e in succ["traceEvents"]
+                  if e.get("tid") == 2 + 2 * r and e["name"] == "report"}
+        grants = [(e["args"]["bytes"], e["ts"]) for e in data["traceEvents"]
+                  if e.get("tid") == send_track and e["name"] == "grant"]
+        assert grants and all(b in theirs and ts >= theirs[b] for b, ts in grants), grants[:5]
+        assert [b for b, _ in grants] == sorted(b for b, _ in grants)
         # The subgroup's communicator wrote its own file, named by torch's group name.
         sub = trace.load(f"{prefix}.group_{values[r]['group']}.rank{r}.json")
         assert [e["args"]["coll"] for e in sub["traceEvents"] if e.get("cat") == "collective"] == ["allreduce"]
+    lat = trace.credit_latency([trace.load(f"{prefix}.group_0.rank{q}.json") for q in range(n)])
+    assert lat.reports == posted and 0 < lat.matched <= lat.reports, lat
+    assert 0 <= lat.median_us <= lat.p90_us <= lat.max_us, lat
     assert trace.main(["summary", *sorted(glob.glob(prefix + ".group_0.rank*.json")),
                        "--json", str(tmp_path / "s.json")]) == 0
     rows = json.loads((tmp_path / "s.json").read_text())
@@ -165,3 +187,20 @@ def test_gap_while_the_sender_waits_for_credit_is_put_down_to_credit():
     (s1,) = trace.summarize(r1, {0: r0})
     (send,) = [l for l in s1.links if l.credit_us]
     assert send.credit_us == 200, send
+
+
+def test_credit_latency_matches_each_report_to_its_grant_by_total():
+    """Rank 0 reports 256 KiB and 512 KiB taken from rank 1 (``report`` instants on its receive
+    track from rank 1, tid 4) at 100 and 400 us; rank 1 reads them (``grant`` instants on its send
+    track to rank 0, tid 1) at 150 and 700 us: latencies 50 and 300 us. A third report that was
+    never granted counts as posted, not matched; a grant without a report is ignored."""
+    meta = {"nranks": 2, "communicator": "c", "host": "h"}
+    r0 = {"otherData": {"rank": 0, **meta}, "traceEvents": [
+        _x(4, "report", 100, 0, 0, 1 << 18), _x(4, "report", 400, 0, 0, 2 << 18), _x(4, "report", 900, 0, 0, 3 << 18)]}
+    r1 = {"otherData": {"rank": 1, **meta}, "traceEvents": [
+        _x(1, "grant", 150, 0, 0, 1 << 18), _x(1, "grant", 700, 0, 0, 2 << 18), _x(1, "grant", 800, 0, 0, 5 << 18)]}
+    lat = trace.credit_latency([r0, r1])
+    assert (lat.reports, lat.matched, lat.median_us, lat.p90_us, lat.max_us) == (3, 2, 175.0, 300.0, 300.0), lat
+    assert lat.worst_link == "rank 1 -> rank 0 (p90 300.0 us)"
+    # On another host the clocks differ: nothing is matched, nothing reported.
+    assert trace.credit_latency([r0, {**r1, "otherData": {**r1["otherData"], "host": "other"}}]) is None
