@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
@@ -246,8 +247,6 @@ def credit_latency(traces: list[dict]) -> CreditLatency | None:
     """Match every ``report`` (the receiver's trace, receive track of the data's sender) to the
     ``grant`` with the same total in the sender's trace (its send track to the receiver), for
     traces of one communicator on one host. None when no report has its peer's trace."""
-    import statistics
-
     by_rank = {}
     for t in traces:
         m = t["otherData"]
