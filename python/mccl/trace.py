@@ -251,7 +251,7 @@ def credit_latency(traces: list[dict]) -> CreditLatency | None:
     for t in traces:
         m = t["otherData"]
         by_rank[(m.get("communicator"), m.get("host"), int(m["rank"]))] = t
-    reports, lat, per_link = 0, [], {}
+    reports, per_link = 0, {}
     for (comm, host, r), t in by_rank.items():
         for e in t["traceEvents"]:
             if e.get("ph") != "X" or e["name"] != "report" or e["tid"] % 2 != 0:
@@ -265,13 +265,13 @@ def credit_latency(traces: list[dict]) -> CreditLatency | None:
             if key not in per_link:
                 per_link[key] = ({g["args"]["bytes"]: g["ts"] for g in peer["traceEvents"]
                                   if g.get("ph") == "X" and g["name"] == "grant" and g["tid"] == 1 + 2 * r}, [])
-            grants, mine = per_link[key]
+            grants, latencies = per_link[key]
             ts = grants.get(e["args"]["bytes"])
             if ts is not None:
-                mine.append(ts - e["ts"])
-                lat.append(ts - e["ts"])
+                latencies.append(ts - e["ts"])
     if reports == 0:
         return None
+    lat = [x for _, latencies in per_link.values() for x in latencies]
     worst = max(((k, _p90(v[1])) for k, v in per_link.items() if v[1]), key=lambda kv: kv[1], default=None)
     if not lat:
         return CreditLatency(reports, 0, 0.0, 0.0, 0.0, "")

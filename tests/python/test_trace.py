@@ -46,10 +46,10 @@ def test_trace_records_every_frame_exactly(tmp_path):
     prefix = str(tmp_path / "t")
     values = check_ok(run_ranks(_traced, n, deadline_s=120, env={"MCCL_TRACE": prefix}))
     assert all(v["ok"] for v in values)
-    posted = 0
+    posted, loaded = 0, {}
     for r in range(n):
         path = f"{prefix}.group_0.rank{r}.json"
-        data = trace.load(path)
+        data = loaded[r] = trace.load(path)
         assert data["otherData"]["rank"] == r and data["otherData"]["nranks"] == n
         assert data["otherData"]["dropped"] == 0
         colls = [e for e in data["traceEvents"] if e.get("cat") == "collective"]
@@ -91,8 +91,7 @@ def test_trace_records_every_frame_exactly(tmp_path):
         assert reports and reports[-1] == taken and all(d > 0 and d % (1 << 18) == 0 for d in steps), steps
         posted += len(reports)
         # Rank r's successor's reports arrive here as grants: each one a total it reported.
-        succ = trace.load(f"{prefix}.group_0.rank{(r + 1) % n}.json")
-        theirs = {e["args"]["bytes"]: e["ts"] for e in succ["traceEvents"]
+        theirs = {e["args"]["bytes"]: e["ts"] for e in peers[(r + 1) % n]["traceEvents"]
                   if e.get("tid") == 2 + 2 * r and e["name"] == "report"}
         grants = [(e["args"]["bytes"], e["ts"]) for e in data["traceEvents"]
                   if e.get("tid") == send_track and e["name"] == "grant"]
@@ -101,7 +100,7 @@ def test_trace_records_every_frame_exactly(tmp_path):
         # The subgroup's communicator wrote its own file, named by torch's group name.
         sub = trace.load(f"{prefix}.group_{values[r]['group']}.rank{r}.json")
         assert [e["args"]["coll"] for e in sub["traceEvents"] if e.get("cat") == "collective"] == ["allreduce"]
-    lat = trace.credit_latency([trace.load(f"{prefix}.group_0.rank{q}.json") for q in range(n)])
+    lat = trace.credit_latency(list(loaded.values()))
     assert lat.reports == posted and 0 < lat.matched <= lat.reports, lat
     assert 0 <= lat.median_us <= lat.p90_us <= lat.max_us, lat
     assert trace.main(["summary", *sorted(glob.glob(prefix + ".group_0.rank*.json")),
