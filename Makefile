@@ -55,7 +55,8 @@ CTEST_SKIP ?=
 CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
 # Every test runs with the sender thread (MCCL_SEND_THREAD=1: its default, -1, would leave it off
 # for many ranks on few cores, as here), and the collectives, failures, mismatches and
-# point-to-point tests again with MCCL_SEND_THREAD=0, where the engine thread writes the sockets.
+# point-to-point tests again with MCCL_SEND_THREAD=0, where the engine thread writes the sockets
+# (and with MCCL_RECV_LOWAT on, so that its receive path is run whole as well).
 CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 # The collectives, failures, mismatch and point-to-point tests run a third time with
 # MCCL_ANNOUNCE_RANKS=0: every communicator (their largest has 9 ranks) then checks matches by
@@ -66,8 +67,8 @@ CTEST_AGREE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collective
 ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
 	$(CTEST_ENV) MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(CTEST_BINS)
-	@echo "C tests again with MCCL_SEND_THREAD=0 (the engine thread sends)"
-	$(CTEST_ENV) MCCL_SEND_THREAD=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_INLINE)
+	@echo "C tests again with MCCL_SEND_THREAD=0 (the engine thread sends) and MCCL_RECV_LOWAT=512K"
+	$(CTEST_ENV) MCCL_SEND_THREAD=0 MCCL_RECV_LOWAT=524288 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_INLINE)
 	@echo "C tests again with MCCL_ANNOUNCE_RANKS=0 (matches checked by dissemination)"
 	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_ANNOUNCE_RANKS=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_AGREE)
 

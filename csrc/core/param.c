@@ -59,6 +59,11 @@ static mcclParam params[] = {
     /* 1: a rank starts a collective frame only while its lead over what the peer's receives took
      * fits the peer's park (transport/park.h, CREDIT frames); 0: TCP's window alone holds it. */
     {"MCCL_CREDITS", 1, 0, 1, 0, NULL, 0},
+    /* Bytes: while a frame is partly read, its socket's SO_RCVLOWAT asks for the rest (at most
+     * this many) before poll() wakes the engine: fewer wake-ups and reads per frame, at the cost
+     * of reading each frame later (transport/tcp.c; bench/NOTES.md has the trade); 0: the
+     * kernel's default of 1 byte. */
+    {"MCCL_RECV_LOWAT", 0, 0, 1 << 30, 0, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

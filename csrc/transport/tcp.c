@@ -762,6 +762,21 @@ static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
  * buffer, a P2P header asks the owner where the payload goes, and an ABORT header's reason is
  * read (at most MCCL_MAX_ABORT_REASON bytes) before failing with it. No call blocks: a partial
  * header or payload waits in the connection's state for the next round. */
+void mcclTransportWatchIn(mcclTransport* t, mcclConn* c, int any) {
+  size_t want = 1;
+  if (!any && t->lowat_max > 0) {
+    if (c->rx_mode == MCCL_RX_HEADER) want = MCCL_FRAME_BYTES - c->rhdr_got;
+    else if (c->rx_mode != MCCL_RX_PEEKED && !c->rx_held && c->rx_left > 0 && c->rx_room > 0) want = c->rx_room;
+    if (want > (size_t)t->lowat_max) want = (size_t)t->lowat_max;
+  }
+  int v = (int)want;
+  if (v == (c->rx_lowat > 0 ? c->rx_lowat : 1) || c->fd < 0) return;
+  /* Linux caps the mark at half the receive buffer (and grows an autotuned one to hold it), macOS
+   * at the buffer: a mark the window cannot fill is never set. If the call fails, the old one
+   * stays and is asked again at the next poll. */
+  if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0) c->rx_lowat = v;
+}
+
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   char sink[4096];
@@ -993,6 +1008,7 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     }
     short events = (short)((rd ? POLLIN : 0) | (wr && snd == NULL ? POLLOUT : 0));
     if (events == 0) continue;
+    if (rd) mcclTransportWatchIn(t, c, 0);
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = events;
     t->pfd_peer[np] = r;
@@ -1098,6 +1114,7 @@ mcclResult_t mcclTransportReadAhead(mcclTransport* t, int timeout_ms, int* polle
     mcclConn* c = &t->conns[r];
     if (r == t->rank || c->fd < 0 || c->dead || c->rq_head != NULL) continue;
     if (!readAhead(c) && c->rx_mode != MCCL_RX_PARK) continue; /* (a frame half parked: its rest) */
+    mcclTransportWatchIn(t, c, 0);
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = POLLIN;
     t->pfd_peer[np] = r;

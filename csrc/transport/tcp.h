@@ -100,6 +100,7 @@ typedef struct mcclConn {
   size_t rx_left;                 /* payload bytes of the frame still to read */
   size_t rx_room;                 /* of those, how many may go to rx_dst before the owner of a
                                      P2P frame is asked where the rest goes */
+  int rx_lowat;                   /* the socket's SO_RCVLOWAT as last set (0: the kernel's, 1) */
   mcclXfer *rq_head, *rq_tail;    /* receives, in order */
   mcclPark park;                  /* collective frames that arrived before their receive (park.h);
                                      they come before any frame being read, so a posted receive
@@ -181,6 +182,8 @@ typedef struct mcclTransport {
   char self_addr[MCCL_ADDR_STRLEN];
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
   int idle;                       /* the last progress round had nothing to poll */
+  int lowat_max;                  /* MCCL_RECV_LOWAT: the most bytes a socket's receive low-water
+                                     mark asks for before poll() reports it readable; 0: never set */
   char error[768];                /* why the last call failed */
   char silent[256];               /* after mcclTransportFail: live peers that neither reported a
                                      failure nor closed during the linger ("" if none) */
@@ -355,6 +358,13 @@ void mcclTransportForgetDescriptors(mcclTransport* t);
 /* tcp.c: a connection the connector opened to `peer` becomes its link (the sender thread, if
  * any, is told). */
 void mcclTransportAdopt(mcclTransport* t, int peer, int fd);
+
+/* tcp.c: before poll() watches link `c` for input. With MCCL_RECV_LOWAT > 0 the socket's receive
+ * low-water mark (SO_RCVLOWAT) is set to the bytes its reader waits for: the rest of a header, or
+ * the rest of a payload (at most MCCL_RECV_LOWAT), so that the kernel reports it readable once,
+ * when they are there, not at every burst that arrives. any != 0: any byte (the failure side's
+ * drain). A close or an error is reported whatever the mark. One setsockopt() when it changes. */
+void mcclTransportWatchIn(mcclTransport* t, mcclConn* c, int any);
 
 /* tcp_connect.c, with runtime connection (t->connector != NULL after init). */
 /* A transfer with `peer` is posted and it has no connection: dial it if it is lower (once; again

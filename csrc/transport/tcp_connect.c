@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/debug.h"
+#include "core/param.h"
 #include "core/trace.h"
 #include "core/platform.h"
 
@@ -197,6 +198,7 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
     return mcclSystemError;
   }
   size_t park = mcclParkBytes();
+  t->lowat_max = (int)mcclParamInt("MCCL_RECV_LOWAT");
   for (int r = 0; r < nranks; r++) {
     t->conns[r].fd = -1;
     t->conns[r].park.cap = park;

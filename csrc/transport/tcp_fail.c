@@ -87,6 +87,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     for (int r = 0; r < t->nranks; r++) {
       if (t->conns[r].fd < 0 || t->conns[r].dead == 2) continue;
       if (heard != NULL && !heard[r]) unheard++;
+      mcclTransportWatchIn(t, &t->conns[r], 1); /* any byte: a peer is heard */
       t->pfds[np].fd = t->conns[r].fd;
       t->pfds[np].events = POLLIN;
       t->pfd_peer[np++] = r;
@@ -220,6 +221,7 @@ mcclResult_t mcclTransportSettle(mcclTransport* t, uint64_t seq) {
     /* A frame in progress or held, or a collective frame waiting for its receive, parked or
      * not (a later collective's: the peer completed this one), comes before any notice. */
     if (c->rx_mode != MCCL_RX_HEADER || c->rx_held || c->park.qlen > 0) continue;
+    mcclTransportWatchIn(t, c, 0);
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = POLLIN;
     t->pfds[np].revents = 0;
