@@ -71,10 +71,11 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
   case $st in
     base) ops=${OPS:-all_reduce}; sizes=${SIZES:-16M,64M,256M}  # a stage's OPS= / SIZES= ('+' for ',')
           for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
+          F=$RES/base$TAG$SUF; n=2  # a stage repeated in one call: base8-2, base8-3, ...
+          while [ -e "$F.txt" ]; do F=$RES/base$TAG$SUF-$n; n=$((n + 1)); done
           env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops "${ops//+/,}" \
-            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$RES/base$TAG$SUF.json" \
-            > "$RES/base$TAG$SUF.txt" 2>&1
-          tail -30 "$RES/base$TAG$SUF.txt" ;;
+            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$F.json" > "$F.txt" 2>&1
+          tail -30 "$F.txt" ;;
     pin) up "$NH" 2 ;;
     cc-*) A=/proc/sys/net/ipv4/tcp_allowed_congestion_control  # a netns may pick only what the host allows
           grep -qw "${st#cc-}" $A || echo "$(cat $A) ${st#cc-}" > $A || exit 1
