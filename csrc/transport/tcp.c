@@ -370,6 +370,7 @@ void mcclTransportAdopt(mcclTransport* t, int peer, int fd) {
   mcclSender* s = t->sender;
   if (s != NULL) pthread_mutex_lock(&s->mu); /* the thread reads fds under it */
   t->conns[peer].fd = fd;
+  t->conns[peer].rx_lowat = 0; /* a new socket's mark is the kernel's */
   int queued = t->conns[peer].sq_head != NULL;
   if (s != NULL) {
     pthread_mutex_unlock(&s->mu);
@@ -756,12 +757,7 @@ static mcclResult_t p2pRoom(mcclTransport* t, int peer) {
   return mcclSuccess;
 }
 
-/* Read from `c` while someone wants its bytes and the socket has them. Frames arrive as a header
- * then a payload. Every header is checked first (mcclFrameHeaderCheck); then a DATA header is
- * matched against the head posted receive and its payload read straight into that receive's
- * buffer, a P2P header asks the owner where the payload goes, and an ABORT header's reason is
- * read (at most MCCL_MAX_ABORT_REASON bytes) before failing with it. No call blocks: a partial
- * header or payload waits in the connection's state for the next round. */
+/* mcclTransportWatchIn (tcp.h): the mark follows what the reader waits for. */
 void mcclTransportWatchIn(mcclTransport* t, mcclConn* c, int any) {
   size_t want = 1;
   if (!any && t->lowat_max > 0) {
@@ -772,11 +768,17 @@ void mcclTransportWatchIn(mcclTransport* t, mcclConn* c, int any) {
   int v = (int)want;
   if (v == (c->rx_lowat > 0 ? c->rx_lowat : 1) || c->fd < 0) return;
   /* Linux caps the mark at half the receive buffer (and grows an autotuned one to hold it), macOS
-   * at the buffer: a mark the window cannot fill is never set. If the call fails, the old one
-   * stays and is asked again at the next poll. */
+   * at the buffer: a mark the window cannot fill is never set. The call fails only for a
+   * descriptor that is no longer a live socket, whose poll and read then report that. */
   if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0) c->rx_lowat = v;
 }
 
+/* Read from `c` while someone wants its bytes and the socket has them. Frames arrive as a header
+ * then a payload. Every header is checked first (mcclFrameHeaderCheck); then a DATA header is
+ * matched against the head posted receive and its payload read straight into that receive's
+ * buffer, a P2P header asks the owner where the payload goes, and an ABORT header's reason is
+ * read (at most MCCL_MAX_ABORT_REASON bytes) before failing with it. No call blocks: a partial
+ * header or payload waits in the connection's state for the next round. */
 static mcclResult_t connRecv(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   char sink[4096];
