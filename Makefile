@@ -43,7 +43,7 @@ $(BUILD)/libmccl.a: $(LIB_OBJS)
 $(BUILD)/libmccl.so: $(LIB_OBJS)
 	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h $(BUILD)/libmccl.a
+$(BUILD)/tests/%: tests/c/%.c $(TEST_COMMON) tests/c/harness.h tests/c/frames.h $(BUILD)/libmccl.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(TEST_COMMON) $(BUILD)/libmccl.a $(LDLIBS)
 

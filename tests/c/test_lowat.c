@@ -21,6 +21,7 @@
 
 #include "core/comm.h"
 #include "core/debug.h"
+#include "frames.h"
 #include "harness.h"
 #include "transport/tcp.h"
 #include "transport/wire.h"
@@ -46,20 +47,6 @@ static int tcpPair(int* a, int* b) {
   *a = accept(l, NULL, NULL);
   close(l);
   return *a >= 0 ? 0 : -1;
-}
-
-static mcclFrame dataFrame(uint32_t step, uint32_t length) {
-  mcclFrame f;
-  memset(&f, 0, sizeof(f));
-  f.type = MCCL_FRAME_DATA;
-  f.coll = MCCL_COLL_ALLREDUCE;
-  f.dtype = mcclFloat32;
-  f.op = mcclSum;
-  f.count = 1 << 20;
-  f.offset = (uint64_t)step * BIG;
-  f.length = length;
-  f.step = step;
-  return f;
 }
 
 static void sendAll(int fd, const void* p, size_t n) {
@@ -107,7 +94,7 @@ static void run(int lowat_max) {
   for (int i = 0; i < BIG; i++) src[i] = (uint8_t)(i * 7 + 3);
   mcclXfer x;
   memset(&x, 0, sizeof(x));
-  x.frame = dataFrame(0, BIG);
+  x.frame = testDataFrame(0, BIG, 0);
   x.buf = (char*)dst;
   x.bytes = BIG;
   mcclTransportPostRecv(&tp, 1, &x);
@@ -144,7 +131,7 @@ static void run(int lowat_max) {
   uint8_t small_src[SMALL], small_dst[SMALL];
   for (int i = 0; i < SMALL; i++) small_src[i] = (uint8_t)(200 - i);
   memset(&y, 0, sizeof(y));
-  y.frame = dataFrame(1, SMALL);
+  y.frame = testDataFrame(1, SMALL, 0);
   y.buf = (char*)small_dst;
   y.bytes = SMALL;
   mcclTransportPostRecv(&tp, 1, &y);

@@ -27,27 +27,13 @@
 #include "core/comm.h"
 #include "core/debug.h"
 #include "core/param.h"
+#include "frames.h"
 #include "harness.h"
 #include "transport/park.h"
 #include "transport/tcp.h"
 #include "transport/wire.h"
 
 /* ---- the byte ring -------------------------------------------------------------------------- */
-
-static mcclFrame dataFrame(uint32_t step, uint32_t length, uint64_t seq) {
-  mcclFrame f;
-  memset(&f, 0, sizeof(f));
-  f.type = MCCL_FRAME_DATA;
-  f.coll = MCCL_COLL_ALLREDUCE;
-  f.dtype = mcclFloat32;
-  f.op = mcclSum;
-  f.seq = seq;
-  f.count = 1 << 20;
-  f.offset = (uint64_t)step * length;
-  f.length = length;
-  f.step = step;
-  return f;
-}
 
 /* Fill `e`'s payload through mcclParkSpan with bytes i*7+salt, as a reader would. */
 static void parkFill(mcclPark* p, mcclParkedFrame* e, uint8_t salt) {
@@ -74,7 +60,7 @@ static void testRing(void) {
   memset(&p, 0, sizeof(p));
   p.cap = 1000;
   EXPECT(mcclParkFits(&p, 1000) && !mcclParkFits(&p, 1001), "a frame fits iff its payload fits the whole park");
-  mcclFrame a = dataFrame(0, 400, 0), b = dataFrame(1, 400, 0), c = dataFrame(2, 500, 0);
+  mcclFrame a = testDataFrame(0, 400, 0), b = testDataFrame(1, 400, 0), c = testDataFrame(2, 500, 0);
   mcclParkedFrame* e = mcclParkPush(&p, &a);
   parkFill(&p, e, 1);
   e = mcclParkPush(&p, &b);
@@ -92,7 +78,7 @@ static void testRing(void) {
   mcclParkPop(&p);
   EXPECT(p.qlen == 0 && p.used == 0, "empty again");
   /* Empty frames (announcements) take a header each, up to MCCL_PARK_MAX_FRAMES. */
-  mcclFrame z = dataFrame(0, 0, 1);
+  mcclFrame z = testDataFrame(0, 0, 1);
   int n = 0;
   while (mcclParkFits(&p, 0) && n <= MCCL_PARK_MAX_FRAMES) mcclParkPush(&p, &z), n++;
   EXPECT(n == MCCL_PARK_MAX_FRAMES, "%d empty frames parked", n);
@@ -150,7 +136,7 @@ static int rigOpen(Rig* g) {
   g->busy_fd = b[1];
   fcntl(g->peer_fd, F_SETFL, fcntl(g->peer_fd, F_GETFL, 0) | O_NONBLOCK);
   g->busy_buf = calloc(1, 8 << 20);
-  g->busy.frame = dataFrame(0, 8 << 20, 0);
+  g->busy.frame = testDataFrame(0, 8 << 20, 0);
   g->busy.buf = g->busy_buf;
   g->busy.bytes = 8 << 20;
   mcclTransportPostSend(&g->tp, 2, &g->busy);
@@ -184,7 +170,7 @@ static void testReadAheadBound(void) {
   float* src = malloc(SEG);
   for (int i = 0; i < NFRAMES; i++) {
     payloadOf(i, src, SEG / sizeof(float));
-    mcclFrame f = dataFrame((uint32_t)i, SEG, 0);
+    mcclFrame f = testDataFrame((uint32_t)i, SEG, 0);
     wireAdd(&w, &f, src);
   }
   for (int round = 0; round < 200; round++) {
@@ -200,7 +186,7 @@ static void testReadAheadBound(void) {
   memset(x, 0, sizeof(x));
   for (int i = 0; i < NFRAMES; i++) {
     dst[i] = calloc(1, SEG);
-    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].frame = testDataFrame((uint32_t)i, SEG, 0);
     x[i].buf = (char*)dst[i];
     x[i].bytes = SEG;
     mcclTransportPostRecv(&lb.tp, 1, &x[i]);
@@ -232,7 +218,7 @@ static void testParkedMismatch(void) {
   EXPECT(rigOpen(&lb) == 0, "rig");
   Wire w = {0};
   char payload[256] = {0};
-  mcclFrame f = dataFrame(9, sizeof(payload), 0);
+  mcclFrame f = testDataFrame(9, sizeof(payload), 0);
   wireAdd(&w, &f, payload);
   for (int round = 0; round < 20; round++) {
     wirePump(&w, lb.peer_fd);
@@ -242,7 +228,7 @@ static void testParkedMismatch(void) {
   char out[256];
   mcclXfer x;
   memset(&x, 0, sizeof(x));
-  x.frame = dataFrame(10, sizeof(out), 0);
+  x.frame = testDataFrame(10, sizeof(out), 0);
   x.buf = out;
   x.bytes = sizeof(out);
   mcclTransportPostRecv(&lb.tp, 1, &x);
@@ -264,7 +250,7 @@ static void testNoticeNotReadAhead(int behind_parked) {
   Wire w = {0};
   char payload[128] = {0};
   if (behind_parked) {
-    mcclFrame f = dataFrame(0, sizeof(payload), 1); /* collective #1's: the peer completed #0 */
+    mcclFrame f = testDataFrame(0, sizeof(payload), 1); /* collective #1's: the peer completed #0 */
     wireAdd(&w, &f, payload);
   }
   const char reason[] = "boom";
@@ -301,7 +287,7 @@ static void testCloseAfterParked(void) {
   Wire w = {0};
   char payload[1000];
   for (size_t i = 0; i < sizeof(payload); i++) payload[i] = (char)i;
-  mcclFrame f = dataFrame(0, sizeof(payload), 0);
+  mcclFrame f = testDataFrame(0, sizeof(payload), 0);
   wireAdd(&w, &f, payload);
   EXPECT(wirePump(&w, lb.peer_fd), "written");
   close(lb.peer_fd);
@@ -311,10 +297,10 @@ static void testCloseAfterParked(void) {
   char out[1000], more[1000];
   mcclXfer x[2];
   memset(x, 0, sizeof(x));
-  x[0].frame = dataFrame(0, sizeof(out), 0);
+  x[0].frame = testDataFrame(0, sizeof(out), 0);
   x[0].buf = out;
   x[0].bytes = sizeof(out);
-  x[1].frame = dataFrame(1, sizeof(more), 0);
+  x[1].frame = testDataFrame(1, sizeof(more), 0);
   x[1].buf = more;
   x[1].bytes = sizeof(more);
   mcclTransportPostRecv(&lb.tp, 1, &x[0]);
@@ -371,7 +357,7 @@ static void testCreditBound(void) {
   for (int i = 0; i < CFRAMES; i++) {
     src[i] = malloc(SEG);
     payloadOf(i, src[i], SEG / sizeof(float));
-    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].frame = testDataFrame((uint32_t)i, SEG, 0);
     x[i].buf = (char*)src[i];
     x[i].bytes = SEG;
     mcclTransportPostSend(&lb.tp, 1, &x[i]);
@@ -425,13 +411,13 @@ static void testCreditBlind(void) {
   c->park.cap = SEG / 2;
   Wire w = {0};
   char* big = calloc(1, SEG);
-  mcclFrame f = dataFrame(0, SEG, 1); /* larger than the park: held, unread */
+  mcclFrame f = testDataFrame(0, SEG, 1); /* larger than the park: held, unread */
   wireAdd(&w, &f, big);
   EXPECT(wirePump(&w, lb.peer_fd), "written");
   mcclXfer x[CFRAMES];
   memset(x, 0, sizeof(x));
   for (int i = 0; i < CFRAMES; i++) {
-    x[i].frame = dataFrame((uint32_t)i, SEG, 0);
+    x[i].frame = testDataFrame((uint32_t)i, SEG, 0);
     x[i].buf = big;
     x[i].bytes = SEG;
     mcclTransportPostSend(&lb.tp, 1, &x[i]);
@@ -463,7 +449,7 @@ static void testCreditReport(void) {
   mcclXfer* x = calloc((size_t)nframes, sizeof(mcclXfer));
   char* dst = malloc((size_t)nframes * SEG);
   for (int i = 0; i < nframes; i++) {
-    mcclFrame f = dataFrame((uint32_t)i, SEG, 0);
+    mcclFrame f = testDataFrame((uint32_t)i, SEG, 0);
     wireAdd(&w, &f, payload);
     x[i].frame = f;
     x[i].buf = dst + (size_t)i * SEG;
