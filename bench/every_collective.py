@@ -48,17 +48,81 @@ def _all(n: int, count: int, dtype, start: int = 0):
         torch.float64 if dtype.is_floating_point else torch.int64)
 
 
-def _sockets() -> int:
+def _socket_fds() -> dict[int, str]:
+    """This process's sockets: descriptor -> "socket:[inode]" (empty where /proc is absent)."""
     fd_dir = "/proc/self/fd"
-    if not os.path.isdir(fd_dir):
-        return -1
-    n = 0
-    for fd in os.listdir(fd_dir):
-        try:
-            n += os.readlink(os.path.join(fd_dir, fd)).startswith("socket:")
-        except OSError:
-            pass
-    return n
+    out = {}
+    if os.path.isdir(fd_dir):
+        for fd in os.listdir(fd_dir):
+            try:
+                link = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if link.startswith("socket:"):
+                out[int(fd)] = link
+    return out
+
+
+def _sockets() -> int:
+    return len(_socket_fds()) if os.path.isdir("/proc/self/fd") else -1
+
+
+def _socket_detail(before: dict[int, str]) -> list[list]:
+    """The sockets opened since ``before`` (a `_socket_fds()` snapshot), one ``[kind, status,
+    local address, local port, remote address, remote port]`` each from psutil's per-descriptor
+    table (kind "tcp", "tcp6", "udp", "unix", or "other" where psutil cannot place the
+    descriptor; "" and 0 where there is no address)."""
+    import socket as so
+
+    import psutil
+
+    new = {fd for fd, link in _socket_fds().items() if before.get(fd) != link}
+    out, seen = [], set()
+    for c in psutil.Process().net_connections(kind="all"):
+        if c.fd in new:
+            seen.add(c.fd)
+            fam = {so.AF_INET: "tcp", so.AF_INET6: "tcp6", so.AF_UNIX: "unix"}.get(c.family, str(c.family))
+            if fam.startswith("tcp") and c.type == so.SOCK_DGRAM:
+                fam = fam.replace("tcp", "udp")
+            status = c.status if c.status and c.status != psutil.CONN_NONE else ""
+            ends = [(a.ip, a.port) if a and hasattr(a, "port") else ("", 0) for a in (c.laddr, c.raddr)]
+            out.append([fam, status, *ends[0], *ends[1]])
+    out += [["other", "", "", 0, "", 0]] * len(new - seen)
+    return out
+
+
+def _classify_sockets(every: list[dict]) -> list[dict]:
+    """Per rank, what its new sockets are: listeners, links to peer ranks (a TCP connection whose
+    other end, the same 4-tuple reversed, is a socket of another rank of this job), links to
+    itself, TCP connections whose other end is in no rank (a store, a stranger, a peer that has
+    closed its end), and anything else; with the peers that hold more than one link, and the
+    states of the connections outside."""
+    end_of = {}
+    for r in every:
+        for kind, status, lip, lport, rip, rport in r["socket_detail"]:
+            if kind.startswith("tcp") and status != "LISTEN":
+                end_of[(lip, lport, rip, rport)] = r["rank"]
+    rows = []
+    for r in every:
+        row = {"listen": 0, "peer_links": 0, "self": 0, "outside": {}, "other": 0, "dup_peers": {}}
+        per_peer: dict[int, int] = {}
+        for kind, status, lip, lport, rip, rport in r["socket_detail"]:
+            if not kind.startswith("tcp"):
+                row["other"] += 1
+            elif status == "LISTEN":
+                row["listen"] += 1
+            else:
+                peer = end_of.get((rip, rport, lip, lport))
+                if peer is None:
+                    row["outside"][status] = row["outside"].get(status, 0) + 1
+                elif peer == r["rank"]:
+                    row["self"] += 1
+                else:
+                    per_peer[peer] = per_peer.get(peer, 0) + 1
+                    row["peer_links"] += 1
+        row["dup_peers"] = {str(p): c for p, c in per_peer.items() if c > 1}
+        rows.append(row)
+    return rows
 
 
 def rank_main(args) -> int:
@@ -75,6 +139,7 @@ def rank_main(args) -> int:
     dist.init_process_group("gloo", timeout=timeout)
     control = dist.group.WORLD
     me = psutil.Process()
+    base_fds = _socket_fds()
     fds, socks, t0 = me.num_fds(), _sockets(), time.perf_counter()
     pg = dist.new_group(backend="mccl", timeout=timeout)
     init_s = time.perf_counter() - t0
@@ -194,6 +259,7 @@ def rank_main(args) -> int:
     every = [None] * n
     mine_report = {"rank": rank, "init_s": init_s, "descriptors": added_fds, "sockets": added_socks,
                    "sockets_step": socks_step, "sockets_end": _sockets() - socks,
+                   "socket_detail": _socket_detail(base_fds),
                    "checks": checks, "digest": shared.hexdigest()}
     dist.all_gather_object(every, mine_report, group=control)
     dist.destroy_process_group(pg)
@@ -212,6 +278,7 @@ def rank_main(args) -> int:
                "sockets": sorted({r["sockets"] for r in every}),
                "sockets_step": [min(r["sockets_step"] for r in every), max(r["sockets_step"] for r in every)],
                "sockets_end": [min(r["sockets_end"] for r in every), max(r["sockets_end"] for r in every)],
+               "sockets_end_kinds": sorted({json.dumps(c, sort_keys=True) for c in _classify_sockets(every)}),
                "cpus": os.cpu_count(),
                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print(f"# every_collective: {n} ranks on {os.cpu_count()} CPUs, --count {args.count}")
@@ -219,6 +286,8 @@ def rank_main(args) -> int:
     print(f"# descriptors the mccl group added per rank: {summary['descriptors']} (sockets {summary['sockets']})")
     print(f"# its sockets per rank (min, max) after a ring all-reduce, recursive doubling and a broadcast: "
           f"{summary['sockets_step']}; after every collective (all-to-all included): {summary['sockets_end']}")
+    print(f"# what those sockets are at the end ({len(summary['sockets_end_kinds'])} distinct per-rank tallies): "
+          f"{'; '.join(summary['sockets_end_kinds'][:8])}")
     for name in names:
         bad = failed[name]
         print(f"{name:<40} {'ok' if not bad else 'WRONG on ranks ' + ', '.join(map(str, bad[:16]))}")
