@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the GPU machine (16 cores, root; CPU tensors): ring order across switches.
 # Builds the extension in place, brings up an emulated cluster of SWITCHES (4) switches x
-# HOSTS_PER_SWITCH (3) hosts at RATE (5gbit) whose uplinks run at UPLINK_RATE (default: the host
+# HOSTS_PER_SWITCH (3) hosts at RATE (5gbit) whose uplinks (none for SWITCHES=1) run at UPLINK_RATE (default: the host
 # rate), with the bundled ip/tc (bench/bundle_iproute.sh -> .tools/iproute, carried along; nothing
 # else is needed: iperf3 comes from the bundle when it is there, else the Python socket fallback),
 # measures single-stream goodput inside a switch and across an uplink, then runs all_reduce at
@@ -79,8 +79,9 @@ stamp "built (BUILD=${BUILD:-1})"
 if [ "$(id -u)" != 0 ]; then echo "device_switches.sh: needs root (network namespaces, veths, tc)" >&2; exit 2; fi
 
 cl down --id "$ID" >/dev/null 2>&1   # whatever a crashed earlier run left
+UPLINK=(--uplink-rate "$UPLINK_RATE"); [ "$SWITCHES" = 1 ] && UPLINK=()  # one switch has no uplink
 cl up --id "$ID" --switches "$SWITCHES" --hosts-per-switch "$HOSTS_PER_SWITCH" --rate "$RATE" \
-  --uplink-rate "$UPLINK_RATE" > "$RES/cluster.txt" || { cat "$RES/cluster.txt"; exit 1; }
+  "${UPLINK[@]}" > "$RES/cluster.txt" || { cat "$RES/cluster.txt"; exit 1; }
 stamp "cluster up: $SWITCHES switches x $HOSTS_PER_SWITCH hosts at $RATE, uplinks $UPLINK_RATE"
 if [ -n "${TCP_CC:-}" ]; then  # every host's TCP congestion control (a netns may pick only what the host allows)
   A=/proc/sys/net/ipv4/tcp_allowed_congestion_control
@@ -92,7 +93,7 @@ if [ -n "${TCP_CC:-}" ]; then  # every host's TCP congestion control (a netns ma
     | tee -a "$RES/cluster.txt"
 fi
 cl goodput --id "$ID" --seconds "$GOODPUT_SECONDS" | tee -a "$RES/cluster.txt"
-cl goodput --id "$ID" --seconds "$GOODPUT_SECONDS" --across-switches | tee -a "$RES/cluster.txt"
+[ "$SWITCHES" = 1 ] || cl goodput --id "$ID" --seconds "$GOODPUT_SECONDS" --across-switches | tee -a "$RES/cluster.txt"
 { echo "# $(date -Is) $(uname -srm), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# git $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | grep -q . && echo '(dirty)')"
   env | grep -E '^MCCL_' || true; } >> "$RES/cluster.txt"
@@ -144,8 +145,13 @@ for spec in $CONFIGS; do
       check "$cfg ring in rank order" 0 "rings visit the ranks in the order" "$log"
       check "$cfg ring" "$NRANKS" "runs as ring (forced, MCCL_ALGO)" "$log" ;;
     *)
-      check "$cfg subnet groups" "$NRANKS" "(from the subnet); $SWITCHES groups" "$log"
-      check "$cfg ring in topology order" 1 "rings visit the ranks in the order" "$log"
+      if [ "$SWITCHES" = 1 ]; then  # one group: nothing to reorder, so no order line
+        check "$cfg subnet group" "$NRANKS" "(from the subnet); 1 group" "$log"
+        check "$cfg ring in rank order" 0 "rings visit the ranks in the order" "$log"
+      else
+        check "$cfg subnet groups" "$NRANKS" "(from the subnet); $SWITCHES groups" "$log"
+        check "$cfg ring in topology order" 1 "rings visit the ranks in the order" "$log"
+      fi
       if [ "$base" = c-twolevel ]; then check "$cfg two-level" "$NRANKS" "runs as two-level (forced, MCCL_ALGO)" "$log"
       else check "$cfg ring" "$NRANKS" "runs as ring (forced, MCCL_ALGO)" "$log"; fi ;;
   esac
