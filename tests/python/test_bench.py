@@ -150,6 +150,12 @@ def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
         assert r["wrong"] == 0 and r["iters"] == 3 and r["busbw"] > 0 and r["time_us"] > 0, r
         assert r["busbw_pct_goodput"] > 0 and r["rss_peak_mib"] > 0 and r["cpu_proc_pct"] >= 0, r
         assert r["skew_ms"] == 2 and r["skew_rank"] == 1
+        # nccl-tests' loop figure: the slowest rank's loop over the iterations, never above the
+        # mean of the per-iteration maxima (a sum of maxima bounds the maximum of sums).
+        times = r["per_rank"]["times_us"]
+        assert len(times) == 2 and all(len(t) == 3 for t in times), times
+        assert r["time_us_loop"] == pytest.approx(max(sum(t) for t in times) / 3, rel=1e-3)
+        assert 0 < r["time_us_loop"] <= r["time_us_mean"] * (1 + 1e-6), r
     assert data["meta"]["goodput"]["bits_per_s"] > 0 and data["meta"]["world_size"] == 2
     # What moving the goodput stream cost its two ends, and the footnote that reads it against the engines.
     gp = data["meta"]["goodput"]
@@ -186,6 +192,7 @@ def test_rounds_alternate_backends_in_one_run(tmp_path):
     assert sorted(r["backend"] for r in data["results"]) == ["gloo", "mccl"]
     for r in data["results"]:
         assert len(r["rounds_time_us"]) == 3 and r["time_us"] == sorted(r["rounds_time_us"])[1] and r["wrong"] == 0
+        assert len(r["rounds_time_us_loop"]) == 3 and all(t > 0 for t in r["rounds_time_us_loop"])
     assert "every round" in out
 
 

@@ -16,7 +16,10 @@ For each (collective, size, backend) a rank runs, in order:
 2. ``--warmup`` untimed iterations, then a barrier on the control group (gloo);
 3. the timed iterations, back to back, each a blocking call; iteration k on a rank lasts from the
    end of iteration k-1 (or the barrier) to its own end, and its time is the slowest rank's;
-   ``time`` is the median over iterations (the mean is reported too, and in the JSON);
+   ``time`` is the median over iterations (the mean is reported too, and in the JSON), and
+   ``time_loop`` is nccl-tests' figure, the slowest rank's whole timed loop over the number of
+   iterations: the period the backend sustains back to back, in which one slow iteration on one
+   rank counts once rather than as that iteration's maximum (JSON only, with ``busbw_loop``);
 4. CPU use over the timed interval (the backend's engine threads when they have a name, else
    the whole process) and memory: peak RSS (VmHWM, reset before the warm-up) and ``+RSS``, the
    peak minus the RSS just before the warm-up, when the tensors were already resident: what the
@@ -362,6 +365,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
         return row
     per_iter = [max(p["times"][k] for p in parts) for k in range(iters)]
     t_med, t_mean = statistics.median(per_iter), statistics.fmean(per_iter)
+    t_loop = max(sum(p["times"]) for p in parts) / iters  # every rank's loop starts at the barrier
     factor = coll.factor(n)
     row.update({
         "iters": iters, "warmup": args.warmup,
@@ -369,6 +373,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
         "time_us_max": max(per_iter) * 1e6,
         "algbw": row["size"] / t_med / 1e9, "busbw": row["size"] / t_med / 1e9 * factor,
         "algbw_mean": row["size"] / t_mean / 1e9, "busbw_mean": row["size"] / t_mean / 1e9 * factor,
+        "time_us_loop": t_loop * 1e6, "busbw_loop": row["size"] / t_loop / 1e9 * factor,
         "busbw_factor": factor,
         "wrong": sum(p["wrong"] for p in parts),
         "rss_peak_mib": max(p["rss_peak"] for p in parts) / 2 ** 20,
@@ -381,7 +386,8 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
         "per_rank": {"cpu_engine_pct": [p["cpu_engine_pct"] for p in parts],
                      "cpu_proc_pct": [p["cpu_proc_pct"] for p in parts],
                      "rss_peak_mib": [p["rss_peak"] / 2 ** 20 for p in parts],
-                     "rss_extra_mib": [(p["rss_peak"] - p["rss_before"]) / 2 ** 20 for p in parts]},
+                     "rss_extra_mib": [(p["rss_peak"] - p["rss_before"]) / 2 ** 20 for p in parts],
+                     "times_us": [[round(t * 1e6, 1) for t in p["times"]] for p in parts]},
         "skew_ms": args.skew_ms, "skew_rank": skew_rank if args.skew_ms > 0 else None,
     })
     return row
@@ -407,6 +413,8 @@ def combine_rounds(every: list[dict]) -> list[dict]:
         row["rounds_busbw"] = [r["busbw"] for r in rs]
         if "busbw_pct_goodput" in row:
             row["rounds_busbw_pct_goodput"] = [r["busbw_pct_goodput"] for r in rs]
+            row["rounds_busbw_loop_pct_goodput"] = [r.get("busbw_loop_pct_goodput") for r in rs]
+        row["rounds_time_us_loop"] = [r.get("time_us_loop") for r in rs]
         row["spread_pct"] = 100 * (max(times) - min(times)) / row["time_us"]
         row["wrong"] = sum(r.get("wrong", 0) for r in rs)
         del row["round"]
@@ -444,6 +452,7 @@ def main(args) -> int:
                     row["round"] = rnd
                     if goodput and "busbw" in row:
                         row["busbw_pct_goodput"] = 100 * row["busbw"] * 1e9 * 8 / goodput["bits_per_s"]
+                        row["busbw_loop_pct_goodput"] = 100 * row["busbw_loop"] * 1e9 * 8 / goodput["bits_per_s"]
                     every.append(row)
                     if rank0 and not args.quiet:
                         report.print_progress_row(row)
