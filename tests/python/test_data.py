@@ -230,7 +230,7 @@ def test_acceptance_second_epoch_by_the_kernels_count(tree, tmp_path):
     script.write_text(STRACE_SCRIPT)
     marker = str(tmp_path / "marker")
     trace = tmp_path / "trace.txt"
-    proc = subprocess.run(["strace", "-f", "-qq", "-e", "trace=%file,getdents64", "-o", str(trace), PY, str(script),
+    proc = subprocess.run(["strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=%file,getdents64", "-o", str(trace), PY, str(script),
                            path, str(tmp_path / "cache"), marker], capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     share = os.path.realpath(root)
