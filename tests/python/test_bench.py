@@ -193,7 +193,10 @@ def test_rounds_alternate_backends_in_one_run(tmp_path):
     for r in data["results"]:
         assert len(r["rounds_time_us"]) == 3 and r["time_us"] == sorted(r["rounds_time_us"])[1] and r["wrong"] == 0
         assert len(r["rounds_time_us_loop"]) == 3 and all(t > 0 for t in r["rounds_time_us_loop"])
-    assert "every round" in out
+        assert r["time_us_loop_median"] == sorted(r["rounds_time_us_loop"])[1]
+        assert r["rounds_busbw_loop"] == pytest.approx(
+            [r["size"] / (t * 1e-6) / 1e9 * r["busbw_factor"] for t in r["rounds_time_us_loop"]], rel=1e-9)
+    assert "every round" in out and "loop time" in out and "gloo/mccl" in out
 
 
 def test_under_torchrun():

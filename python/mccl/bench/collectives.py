@@ -19,7 +19,10 @@ For each (collective, size, backend) a rank runs, in order:
    ``time`` is the median over iterations (the mean is reported too, and in the JSON), and
    ``time_loop`` is nccl-tests' figure, the slowest rank's whole timed loop over the number of
    iterations: the period the backend sustains back to back, in which one slow iteration on one
-   rank counts once rather than as that iteration's maximum (JSON only, with ``busbw_loop``);
+   rank counts once rather than as that iteration's maximum (in the JSON, with ``busbw_loop``,
+   and with ``--rounds`` in the every-round table, beside the median: a backend whose ranks run
+   ahead of each other, the late rank changing from iteration to iteration, has a larger median
+   of maxima than loop figure; one whose ranks wait for each other at every step has the same);
 4. CPU use over the timed interval (the backend's engine threads when they have a name, else
    the whole process) and memory: peak RSS (VmHWM, reset before the warm-up) and ``+RSS``, the
    peak minus the RSS just before the warm-up, when the tensors were already resident: what the
@@ -415,6 +418,9 @@ def combine_rounds(every: list[dict]) -> list[dict]:
             row["rounds_busbw_pct_goodput"] = [r["busbw_pct_goodput"] for r in rs]
             row["rounds_busbw_loop_pct_goodput"] = [r.get("busbw_loop_pct_goodput") for r in rs]
         row["rounds_time_us_loop"] = [r.get("time_us_loop") for r in rs]
+        row["rounds_busbw_loop"] = [r.get("busbw_loop") for r in rs]
+        loops = sorted(t for t in row["rounds_time_us_loop"] if t is not None)
+        row["time_us_loop_median"] = loops[(len(loops) - 1) // 2] if len(loops) == len(rs) else None
         row["spread_pct"] = 100 * (max(times) - min(times)) / row["time_us"]
         row["wrong"] = sum(r.get("wrong", 0) for r in rs)
         del row["round"]

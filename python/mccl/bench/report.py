@@ -76,25 +76,40 @@ def _cpu(row: dict) -> str:
 
 def print_rounds(rows: list[dict], backends: list[str]) -> None:
     """Per collective and size, each backend's busbw (or % of goodput) in every round and the
-    spread of its times: the evidence behind a "faster" or "parity" read off the median."""
+    spread of its times: the evidence behind a "faster" or "parity" read off the median. Each
+    round twice: from the median of per-iteration maxima (the table above) and from the loop
+    (nccl-tests' figure: the slowest rank's whole timed loop over the iterations), then the loop
+    figures' ratio, the second backend's median loop time over the first's (> 1: the first is
+    faster)."""
     con = console()
     for op in dict.fromkeys(r["op"] for r in rows):
         t = Table(title=f"{op}: every round (median in the table above)", title_justify="left")
         t.add_column("size (B)", justify="right")
         pct = any("rounds_busbw_pct_goodput" in r for r in rows if r["op"] == op)
+        unit = "%goodput" if pct else "busbw GB/s"
         for b in backends:
-            t.add_column(f"{b}\n{'%goodput' if pct else 'busbw GB/s'} by round", justify="right")
+            t.add_column(f"{b}\n{unit} by round", justify="right")
             t.add_column(f"{b}\nspread %", justify="right")
+            t.add_column(f"{b}\nloop {unit} by round", justify="right")
+        if len(backends) >= 2:
+            t.add_column(f"loop time\n{backends[1]}/{backends[0]}", justify="right")
         by = {(r["size"], r["backend"]): r for r in rows if r["op"] == op}
         for size in dict.fromkeys(r["size"] for r in rows if r["op"] == op):
             cells = [str(size)]
+            loops = []
             for b in backends:
                 r = by.get((size, b), {})
                 vals = r.get("rounds_busbw_pct_goodput" if pct else "rounds_busbw")
+                loop = r.get("rounds_busbw_loop_pct_goodput" if pct else "rounds_busbw_loop")
+                loops.append(r.get("time_us_loop_median"))
                 if vals is None:
-                    cells += ["-", "-"]
+                    cells += ["-", "-", "-"]
                     continue
-                cells += [" / ".join(f"{v:.1f}" if pct else f"{v:.3f}" for v in vals), f"{r['spread_pct']:.1f}"]
+                fmt = (lambda v: f"{v:.1f}") if pct else (lambda v: f"{v:.3f}")
+                cells += [" / ".join(fmt(v) for v in vals), f"{r['spread_pct']:.1f}",
+                          " / ".join(fmt(v) for v in loop) if loop and None not in loop else "-"]
+            if len(backends) >= 2:
+                cells.append(f"{loops[1] / loops[0]:.3f}" if None not in loops[:2] else "-")
             t.add_row(*cells)
         con.print(t)
 
