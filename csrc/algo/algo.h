@@ -34,11 +34,6 @@ typedef struct mcclOp {
   int64_t deadline_ns;     /* mcclNowNs() clock */
 } mcclOp;
 
-/* The latency x bandwidth product (Hockney's alpha x beta) of a switched 10 GbE link, ~30 us x
- * ~1.1 GB/s, in bytes: messages much smaller than this are latency-bound. Algorithm choices that
- * trade rounds for bytes compare against it. */
-#define MCCL_ALPHA_BETA_BYTES ((size_t)32 * 1024)
-
 /* What an algorithm may use. Owned by the engine thread. */
 typedef struct mcclAlgoCtx {
   mcclTransport* tp;
@@ -52,6 +47,11 @@ typedef struct mcclAlgoCtx {
   size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
   int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
   size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees */
+  size_t alpha_beta;       /* MCCL_ALPHA_BETA: the network's latency x bandwidth product
+                              (Hockney's alpha x beta) in bytes: messages much smaller than this
+                              are latency-bound. The choices that trade rounds for bytes compare
+                              against it (select.c); default 32 KiB, switched 10 GbE's ~30 us x
+                              ~1.1 GB/s */
   int alltoall_window;     /* MCCL_ALLTOALL_WINDOW: pairwise all-to-all steps in flight (0: all,
                               -1: chosen by single_host) */
   int single_host;         /* every rank on this machine (mcclTransportSingleHost) */

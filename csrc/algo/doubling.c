@@ -154,7 +154,7 @@ mcclResult_t mcclBruckAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
 
 /* Broadcasts below the chain's threshold write the buffer only once every rank is known to have
  * issued the same broadcast. Two algorithms, chosen by the alpha-beta model (Hockney) with
- * MCCL_ALPHA_BETA_BYTES (algo.h):
+ * alpha x beta = MCCL_ALPHA_BETA (ctx->alpha_beta, algo.h):
  *  - the binomial tree (below): L (alpha + S/beta), L = ceil(log2 n);
  *  - scatter then Bruck's all-gather (the scatter-allgather broadcast of Barnett, Payne, van de
  *    Geijn & Watts, 1994): root sends rank i its 1/n of the buffer (root's link carries (n-1)/n

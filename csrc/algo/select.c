@@ -52,7 +52,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
          * alpha x beta (the cost model's crossover n* = S / (alpha beta), docs/MODEL.md), when
          * the topology has equal groups (G >= 2 groups of g >= 2 ranks). */
         int two_ok = ctx->ngroups >= 2 && ctx->group_size >= 2 && op->count >= (size_t)n;
-        if (two_ok && (forced_two || (!forced_ring && bytes / (size_t)n < MCCL_ALPHA_BETA_BYTES))) {
+        if (two_ok && (forced_two || (!forced_ring && bytes / (size_t)n < ctx->alpha_beta))) {
           *why = forced_two ? "forced" : "chunks below alpha x beta, equal topology groups";
           return plan(MCCL_PLAN_TWO_LEVEL, 0);
         }
@@ -75,7 +75,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
       int L = 0;
       while ((1 << L) < n) L++;
       if (algo == mcclAlgoAuto && op->count >= (size_t)n &&
-          ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)MCCL_ALPHA_BETA_BYTES) {
+          ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)ctx->alpha_beta) {
         *why = "(log2 n - 2(n-1)/n) S > alpha x beta";
         return plan(MCCL_PLAN_SCATTER_ALLGATHER, 0);
       }
@@ -118,7 +118,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
         sent = bytes * (size_t)(n - 1);
       }
       int window = ctx->alltoall_window >= 0 ? ctx->alltoall_window : (ctx->single_host ? 0 : 1);
-      if (n < 2 || sent / (size_t)(n - 1) < 2 * MCCL_ALPHA_BETA_BYTES) {
+      if (n < 2 || sent / (size_t)(n - 1) < 2 * ctx->alpha_beta) {
         *why = "blocks below 2 x alpha x beta: every step at once";
         return plan(MCCL_PLAN_PAIRWISE, 0);
       }

@@ -868,11 +868,13 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->algo.segment_bytes = (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
   comm->algo.depth = (int)mcclParamInt("MCCL_PIPELINE_DEPTH");
   comm->algo.ring_threshold = (size_t)mcclParamInt("MCCL_RING_THRESHOLD");
+  comm->algo.alpha_beta = (size_t)mcclParamInt("MCCL_ALPHA_BETA");
   comm->algo.alltoall_window = (int)mcclParamInt("MCCL_ALLTOALL_WINDOW");
   comm->algo.announce_ranks = (int)mcclParamInt("MCCL_ANNOUNCE_RANKS");
   comm->algo.single_host = mcclTransportSingleHost(&comm->tp);
-  INFO(MCCL_SUB_INIT, "rank %d/%d: %s", comm->rank, comm->nranks,
-       comm->algo.single_host ? "every rank on this host (loopback)" : "ranks on several hosts");
+  INFO(MCCL_SUB_INIT, "rank %d/%d: %s; alpha x beta %zu bytes (MCCL_ALPHA_BETA)", comm->rank, comm->nranks,
+       comm->algo.single_host ? "every rank on this host (loopback)" : "ranks on several hosts",
+       comm->algo.alpha_beta);
 
   int rc = pthread_create(&comm->engine, NULL, mcclEngineMain, comm);
   if (rc != 0) {

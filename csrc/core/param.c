@@ -28,12 +28,17 @@ static mcclParam params[] = {
     {"MCCL_SOCKET_FAMILY", 0, 0, 0, 1, NULL, 0},
     /* Messages of at least this many bytes use the ring; smaller ones recursive doubling/trees. */
     {"MCCL_RING_THRESHOLD", 256 * 1024, 0, INT64_MAX, 0, NULL, 0},
+    /* Bytes: the network's latency x bandwidth product (Hockney's alpha x beta): messages much
+     * smaller are latency-bound. The choices that trade rounds for bytes compare against it
+     * (algo/select.c); 32K is switched 10 GbE's ~30 us x ~1.1 GB/s. Every rank must be given the
+     * same. */
+    {"MCCL_ALPHA_BETA", 32 * 1024, 1, (int64_t)1 << 40, 0, NULL, 0},
     /* Bytes per ring frame: the unit that is sent, received and reduced as one pipeline stage. */
     {"MCCL_SEGMENT_BYTES", 256 * 1024, 4096, 1 << 30, 0, NULL, 0},
     /* Frames in flight per ring link (posted receives and sends ahead of the reducer). */
     {"MCCL_PIPELINE_DEPTH", 4, 1, 64, 0, NULL, 0},
-    /* Pairwise all-to-all steps in flight at once for blocks of 64 KiB and up (0: all n-1;
-     * -1: 1 across hosts, all when every rank is on one machine). */
+    /* Pairwise all-to-all steps in flight at once for blocks of 2 x MCCL_ALPHA_BETA and up (0: all
+     * n-1; -1: 1 across hosts, all when every rank is on one machine). */
     {"MCCL_ALLTOALL_WINDOW", -1, -1, 1 << 20, 0, NULL, 0},
     /* Communicators of up to this many ranks check that a collective matches with an empty
      * frame to and from every rank (one hop); larger ones with the dissemination agreement

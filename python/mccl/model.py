@@ -250,6 +250,13 @@ def crossover_hosts(size: float, p: Params) -> float:
     return math.inf if c == 0 else size / c
 
 
+def alpha_beta_setting(alpha: float, beta: float) -> str:
+    """``MCCL_ALPHA_BETA=<bytes>`` for a per-hop cost ``alpha`` (s) and a goodput ``beta`` (B/s):
+    the product libmccl's algorithm choice compares message sizes against (csrc/algo/select.c,
+    docs/ENVIRONMENT.md), rounded to whole bytes and at least 1 (the variable's range)."""
+    return f"MCCL_ALPHA_BETA={max(1, round(alpha * beta))}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading mccl.bench JSON.
 
@@ -754,6 +761,17 @@ def _cmd_fit(a) -> int:
         print(f"# goodput in the file(s): {', '.join(f'{g / 1e9:.4f}' for g in sorted(set(goodputs)))} GB/s")
     for f in fits.values():
         print("# " + describe(f))
+    # libmccl's choices need the hop cost of latency-bound transfers (the ring's alpha when its
+    # points identify it, else doubling's per-round cost) and the link's goodput (the ring's beta).
+    if a.op == "all_reduce" and "ring" in fits:
+        ring = fits["ring"]
+        alpha = ring.params.alpha if ring.alpha_identified else (
+            fits["doubling"].params.alpha if "doubling" in fits else None)
+        if alpha is not None:
+            print(f"# for libmccl: alpha {alpha * 1e6:.2f} us"
+                  + ("" if ring.alpha_identified else " (doubling's)")
+                  + f" x beta {ring.params.beta / 1e9:.4f} GB/s (the ring's): "
+                  + alpha_beta_setting(alpha, ring.params.beta))
     hold = any(f.holdout is not None for f in fits.values())
     print(f"{'algo':>8} {'size (B)':>11} {'hosts':>5} {'measured us':>12} {'model us':>12} {'error':>8}"
           + (f" {'held out':>9}" if hold else "") + "  file")
@@ -816,6 +834,7 @@ def _cmd_predict(a) -> int:
           + (f"; doubling alpha = {dbl.alpha * 1e6:.2f} us, beta = {dbl.beta / 1e9:.4f} GB/s" if dbl else ""))
     for line in notes:
         print(f"# fit: {line}")
+    print(f"# for libmccl: {alpha_beta_setting(ring.alpha, ring.beta)} (alpha x beta, bytes)")
     if a.uplink_gbs is not None or a.inter_alpha_us is not None:
         print(f"# inter-group: alpha = {(inter or ring).alpha * 1e6:.2f} us"
               + (f", uplink {a.uplink_gbs:g} GB/s per group shared by its rings" if a.uplink_gbs is not None else ""))

@@ -66,6 +66,9 @@ int main(void) {
   expectValue("MCCL_SEND_THREAD", "2", -1);
   expectValue("MCCL_SEND_THREAD", "yes", -1);
   expectValue("MCCL_RING_THRESHOLD", "0", 0);
+  expectValue("MCCL_ALPHA_BETA", "378828", 378828); /* the paper's 306 us x 1.238 GB/s */
+  expectValue("MCCL_ALPHA_BETA", "64K", 65536);
+  expectValue("MCCL_ALPHA_BETA", "0", 32 * 1024);     /* below 1: the default, 32 KiB */
   expectValue("MCCL_UNIFIED_COLLECTIVE", "0", 0);
   expectValue("MCCL_UNIFIED_COLLECTIVE", "2", 1);
   /* The public accessor the torch shim uses reads the same table, and refuses other names. */

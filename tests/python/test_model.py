@@ -180,6 +180,8 @@ def test_predict_cli_paper_table(capsys, tmp_path):
     # 25 MB on 256 hosts: flat ring 2*255*306 us = 156.06 ms, 25.8% of goodput.
     assert "156.06   0.319   25.8%" in rows[("25", "MB", "256")]
     assert rows[("50", "MB", "128")].split()[5:8] == ["80.14", "1.238", "100.0%"]
+    # libmccl's setting for these parameters: 306e-6 s x 1.238e9 B/s = 378828 B.
+    assert "# for libmccl: MCCL_ALPHA_BETA=378828 (alpha x beta, bytes)" in out
     assert png.stat().st_size > 10_000
 
 
@@ -188,6 +190,10 @@ def test_fit_cli_on_our_bench_file(capsys):
     out = capsys.readouterr().out
     assert "# ring: 6 points, alpha = " in out and "# doubling: 4 points" in out
     assert out.count(" collectives.json") == 10
+    # The setting printed is the fitted ring's alpha x beta, in whole bytes.
+    ring = model.fit(model.points_from([BENCH], backend="mccl", op="all_reduce")[0], "ring")
+    assert ring.alpha_identified
+    assert f"MCCL_ALPHA_BETA={round(ring.params.alpha * ring.params.beta)}\n" in out
 
 
 def test_predict_from_fit(capsys):

@@ -63,3 +63,56 @@ def test_unknown_mccl_algo_is_a_warning_and_changes_nothing():
         assert v["exact"]
         assert "MCCL_ALGO=bogus is not 'ring', 'tree', 'doubling' or 'twolevel'" in v["log"], v["log"]
         assert "allreduce of 16 float32 runs as doubling (small)" in v["log"], v["log"]
+
+
+def _broadcast(rank: int, world_size: int) -> dict:
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        want = torch.arange(1 << 14, dtype=torch.float32)  # 64 KiB, under MCCL_RING_THRESHOLD
+        buf = want.clone() if rank == 0 else torch.full((1 << 14,), -1.0)
+        dist.broadcast(buf, 0)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    return {"exact": torch.equal(buf, want), "log": log.read().decode(errors="replace")}
+
+
+@pytest.mark.parametrize("alpha_beta, plan", [
+    # 3 ranks: (ceil(log2 3) - 2 x 2/3) x 64 KiB = 43.7 KB against alpha x beta.
+    (None, "scatter-allgather ((log2 n - 2(n-1)/n) S > alpha x beta)"),  # the default, 32 KiB
+    ("1M", "tree (small)"),
+])
+def test_mccl_alpha_beta_moves_the_broadcast_choice(alpha_beta, plan):
+    env = {"MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}
+    if alpha_beta:
+        env["MCCL_ALPHA_BETA"] = alpha_beta
+    for r, v in enumerate(check_ok(run_ranks(_broadcast, 3, env=env, deadline_s=60))):
+        assert v["exact"], r
+        assert _plans(v["log"], "broadcast") == {plan}, v["log"]
+
+
+def _alpha_beta_on_last_rank(rank: int, world_size: int) -> None:
+    if rank == world_size - 1:  # libmccl reads its variables once, at the first init: set before it
+        os.environ["MCCL_ALPHA_BETA"] = "1M"
+
+
+def _broadcast_raises(rank: int, world_size: int) -> str:
+    buf = torch.arange(1 << 14, dtype=torch.float32) if rank == 0 else torch.full((1 << 14,), -1.0)
+    try:
+        dist.broadcast(buf, 0)
+    except Exception as exc:  # noqa: BLE001: every rank must raise; the text is checked below
+        untouched = rank == 0 or bool((buf == -1).all())
+        return f"{'untouched' if untouched else 'WRITTEN'}: {exc}"
+    return "no error"
+
+
+def test_unequal_mccl_alpha_beta_fails_every_rank_with_a_mismatch():
+    """The promise in docs/ENVIRONMENT.md: ranks given different values choose different
+    broadcasts, and every rank raises a mismatch instead of receiving wrong data."""
+    values = check_ok(run_ranks(_broadcast_raises, 3, pre_init=_alpha_beta_on_last_rank, deadline_s=60,
+                                pg_timeout_s=20))
+    for r, v in enumerate(values):
+        assert v.startswith("untouched: ") and "mismatch" in v, (r, v)
