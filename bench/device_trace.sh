@@ -14,6 +14,8 @@
 #   trace     MCCL_TRACE on the cluster as it is: 64 MiB all-reduce, -n 5, `python -m mccl.trace
 #             summary`; `python -m mccl.trace gap <dir>/summary.json --goodput G` decomposes it
 #   cost      the trace's cost: invocations alternating MCCL_TRACE unset / set, COST_ROUNDS times
+#   skew      memory under skew: 256 MiB all-reduces, mccl and gloo, the last rank delayed by a
+#             random 0..1000 ms before every iteration (--skew-ms); per rank +RSS in the JSON
 #   trace4    the cluster again with 4 hosts: the trace of 64 MiB all-reduces and its summary,
 #             and mccl / gloo alternating at 64 MiB (last: it replaces the 8-host cluster)
 # Usage on the device: STAGES="base base@MCCL_SEND_THREAD=0 pin base" bash bench/device_trace.sh
@@ -95,6 +97,9 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
          done
          "$PY" bench/netdiag.py "$RES/net" "${tags[@]}" | tee -a "$RES/net/counters.txt" ;;
     trace) trace_run "$SUF" ;;
+    skew) env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops all_reduce --sizes 256M -n 4 -w 1 \
+            --skew-ms 1000 --json "$RES/skew$TAG$SUF.json" > "$RES/skew$TAG$SUF.txt" 2>&1
+          "$PY" -c "import json,sys; [print('skew', r['backend'], '+RSS MiB per rank', [round(x, 2) for x in r['per_rank']['rss_extra_mib']]) for r in json.load(open(sys.argv[1]))['results']]" "$RES/skew$TAG$SUF.json" ;;
     cost) for r in $(seq 1 "${COST_ROUNDS:-3}"); do for on in 0 1; do
             if [ $on = 1 ]; then tr=$RES/cost/t$r; mkdir -p "$RES/cost"; else tr=; fi
             MCCL_TRACE=$tr $B --cluster t0 --backends mccl --goodput "$GP" --ops all_reduce,all_gather --sizes 64K,1M,16M,64M \
