@@ -16,7 +16,11 @@ static int useRing(mcclAlgoCtx* ctx, const mcclOp* op) { return mcclAlgoSelect(c
 /* Binomial-tree reduce toward root, the broadcast tree run backwards: in virtual ranks
  * v = (r - root) mod n, rank v first combines the partial results of its children v + 2^j
  * (j from 0 up, as they arrive in that order), always as (mine) op (child's): the child covers
- * higher virtual ranks. Then it sends its partial result to its parent. */
+ * higher virtual ranks. Then it sends its partial result to its parent.
+ * The agreement runs alongside (algo.h), posted before the data: ranks that disagree on the
+ * root would otherwise each wait for a child that sends elsewhere, and none would see a frame
+ * to compare until the timeout; its frames reach every rank whatever the root, so the mismatch
+ * is found at once. Root writes its output, and every rank returns, only once it is done. */
 static mcclResult_t treeReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks;
   const int v = ((ctx->rank - op->root) % n + n) % n;
@@ -24,22 +28,28 @@ static mcclResult_t treeReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   char* acc = mcclAlgoWork(ctx, bytes);
   char* tmp = acc ? mcclAlgoScratch(ctx, bytes) : NULL;
   if (tmp == NULL) return mcclAlgoOutOfMemory(ctx, bytes * 2);
+  mcclAnnouncement ann;
+  MCCLCHECK(mcclAnnounceStart(ctx, op, &ann, 1));
+  mcclResult_t res = mcclSuccess;
   memcpy(acc, op->sendbuf, bytes);
-  for (int mask = 1, k = 0; mask < n; mask <<= 1, k++) {
+  int sent = 0;
+  for (int mask = 1, k = 0; res == mcclSuccess && !sent && mask < n; mask <<= 1, k++) {
     if (v & mask) {
       mcclPeerIo up = {(v - mask + op->root) % n, 1, acc, bytes, 0, (uint32_t)k};
-      return mcclAlgoExchange(ctx, op, &up, 1);
-    }
-    if (v + mask < n) {
+      res = mcclAlgoExchange(ctx, op, &up, 1);
+      sent = 1;
+    } else if (v + mask < n) {
       mcclPeerIo in = {(v + mask + op->root) % n, 0, tmp, bytes, 0, (uint32_t)k};
-      MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
+      res = mcclAlgoExchange(ctx, op, &in, 1);
       int last = (v == 0) && (mask << 1) >= n;
-      mcclReduceKernel(acc, acc, tmp, op->count, op->dtype, op->op, last ? (uint32_t)n : 1);
+      if (res == mcclSuccess) mcclReduceKernel(acc, acc, tmp, op->count, op->dtype, op->op, last ? (uint32_t)n : 1);
     }
   }
-  /* Only root gets here. AVG with n == 1 needs no division. */
-  memcpy(op->recvbuf, acc, bytes);
-  return mcclSuccess;
+  if (res == mcclSuccess) res = mcclAnnounceWait(ctx, op, &ann);
+  /* Only root did not send. AVG with n == 1 needs no division. */
+  if (res == mcclSuccess && v == 0) memcpy(op->recvbuf, acc, bytes);
+  mcclAnnounceEnd(&ann);
+  return res;
 }
 
 mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
@@ -49,14 +59,10 @@ mcclResult_t mcclAlgoReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     if (op->recvbuf != op->sendbuf) memcpy(op->recvbuf, op->sendbuf, bytes);
     return mcclSuccess;
   }
-  mcclResult_t res;
-  if (useRing(ctx, op)) {
-    char* work = mcclAlgoWork(ctx, bytes);
-    if (work == NULL) return mcclAlgoOutOfMemory(ctx, bytes);
-    res = mcclRingReduce(ctx, op, work);
-  } else {
-    res = treeReduce(ctx, op);
-  }
+  if (!useRing(ctx, op)) return treeReduce(ctx, op); /* its agreement runs alongside */
+  char* work = mcclAlgoWork(ctx, bytes);
+  if (work == NULL) return mcclAlgoOutOfMemory(ctx, bytes);
+  mcclResult_t res = mcclRingReduce(ctx, op, work);
   /* Root heard from every rank; the others only sent, and without an agreement a rank could return
    * success from a collective that root then finds mismatched. */
   return res == mcclSuccess ? mcclAgree(ctx, op) : res;
@@ -89,8 +95,12 @@ mcclResult_t mcclAlgoReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op) {
  * root's array of n blocks, `own` each rank's single block; gather moves own -> blocks.
  * Outputs are written once the collective matches everywhere (algo.h): gather's root hears from
  * every rank directly, so announcements suffice for its writes; a scatter's receiver hears only
- * from root, so it receives into scratch and runs an agreement before it writes. Both end with an
- * agreement, so that a rank that only sent cannot succeed where root finds a mismatch. */
+ * from root, so it receives into scratch and writes once the agreement is done. The agreement
+ * runs alongside the data, posted before it (algo.h), and every rank returns only once it is
+ * done, so that a rank that only sent cannot succeed where root finds a mismatch. Alongside, not
+ * after: ranks that disagree on the root may all wait to receive (each its own root) or send
+ * where nobody listens; the agreement's frames reach every rank whatever the root, so the
+ * mismatch is found at once instead of at the timeout. */
 static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather) {
   const int n = ctx->nranks, r = ctx->rank;
   const size_t blk = op->count * mcclDataTypeSize(op->dtype);
@@ -101,28 +111,30 @@ static mcclResult_t linearRooted(mcclAlgoCtx* ctx, const mcclOp* op, int gather)
     if (r == op->root && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
     return mcclSuccess;
   }
-  if (r != op->root) {
-    if (gather) { /* then agree, as a reduce does (mcclAlgoReduce) */
-      mcclPeerIo io = {op->root, 1, own, blk, 0, 0};
-      MCCLCHECK(mcclAlgoExchangeAnnounced(ctx, op, &io, 1, 0, 0));
-      return mcclAgree(ctx, op);
-    }
-    char* tmp = mcclAlgoScratch(ctx, blk);
-    if (tmp == NULL) return mcclAlgoOutOfMemory(ctx, blk);
-    mcclPeerIo io = {op->root, 0, tmp, blk, 0, 0};
-    MCCLCHECK(mcclAlgoExchange(ctx, op, &io, 1));
-    MCCLCHECK(mcclAgree(ctx, op));
-    memcpy(own, tmp, blk);
-    return mcclSuccess;
+  char* tmp = NULL;
+  mcclPeerIo* ios = NULL;
+  if (r != op->root && !gather && (tmp = mcclAlgoScratch(ctx, blk)) == NULL) return mcclAlgoOutOfMemory(ctx, blk);
+  if (r == op->root && (ios = malloc(sizeof(mcclPeerIo) * (size_t)n)) == NULL)
+    return mcclAlgoOutOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
+  mcclAnnouncement ann;
+  mcclResult_t res = mcclAnnounceStart(ctx, op, &ann, 1);
+  if (res != mcclSuccess) {
+    free(ios);
+    return res;
   }
-  mcclPeerIo* ios = malloc(sizeof(mcclPeerIo) * (size_t)n);
-  if (ios == NULL) return mcclAlgoOutOfMemory(ctx, sizeof(mcclPeerIo) * (size_t)n);
-  int nio = 0;
-  for (int p = 0; p < n; p++)
-    if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
-  mcclResult_t res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio, 0, 0) : mcclAlgoExchange(ctx, op, ios, nio);
-  if (res == mcclSuccess) res = mcclAgree(ctx, op);
-  if (res == mcclSuccess && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
+  if (r != op->root) {
+    mcclPeerIo io = {op->root, gather, gather ? own : tmp, blk, 0, 0};
+    res = gather ? mcclAlgoExchangeAnnounced(ctx, op, &io, 1, 0, 0) : mcclAlgoExchange(ctx, op, &io, 1);
+  } else {
+    int nio = 0;
+    for (int p = 0; p < n; p++)
+      if (p != r) ios[nio++] = (mcclPeerIo){p, !gather, blocks + (size_t)p * blk, blk, 0, 0};
+    res = gather ? mcclAlgoExchangeAnnounced(ctx, op, ios, nio, 0, 0) : mcclAlgoExchange(ctx, op, ios, nio);
+  }
+  if (res == mcclSuccess) res = mcclAnnounceWait(ctx, op, &ann);
+  if (res == mcclSuccess && r != op->root && !gather) memcpy(own, tmp, blk);
+  if (res == mcclSuccess && r == op->root && mine != own) memmove(gather ? mine : own, gather ? own : mine, blk);
+  mcclAnnounceEnd(&ann);
   free(ios);
   return res;
 }

@@ -27,6 +27,9 @@ typedef struct {
   mcclAlgorithm_t algo;
   int sender_side;    /* A2AV: the odd rank sends one element less to rank odd+1 (0: expects one
                          element less from it); all other pairs match */
+  int root_mode;      /* which root each rank names: 0: root 0 everywhere; the same kind and count
+                         everywhere with 1: rank r names r % 2 (half and half), 2: the odd rank
+                         names root 1, the others root 0 */
 } mismatchCase;
 
 /* Elements of the input and output buffers of `kind` with per-rank count `c` on n ranks. */
@@ -49,16 +52,16 @@ static mcclResult_t issueA2av(const int32_t* in, int32_t* out, size_t c, int r, 
   return mcclAllToAllv(in, v, v + n, out, v + 2 * n, v + 3 * n, mcclInt32, comm, o, NULL);
 }
 
-static mcclResult_t issue(int kind, const int32_t* in, int32_t* out, size_t c, mcclComm_t comm,
+static mcclResult_t issue(int kind, const int32_t* in, int32_t* out, size_t c, int root, mcclComm_t comm,
                           const mcclOpOptions_t* o) {
   switch (kind) {
     case AR: return mcclAllReduce(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
-    case BCAST: return mcclBroadcast(out, c, mcclInt32, 0, comm, o, NULL);
+    case BCAST: return mcclBroadcast(out, c, mcclInt32, root, comm, o, NULL);
     case AG: return mcclAllGather(in, out, c, mcclInt32, comm, o, NULL);
     case RS: return mcclReduceScatter(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
-    case REDUCE: return mcclReduce(in, out, c, mcclInt32, mcclSum, 0, comm, o, NULL);
-    case GATHER: return mcclGather(in, out, c, mcclInt32, 0, comm, o, NULL);
-    case SCATTER: return mcclScatter(in, out, c, mcclInt32, 0, comm, o, NULL);
+    case REDUCE: return mcclReduce(in, out, c, mcclInt32, mcclSum, root, comm, o, NULL);
+    case GATHER: return mcclGather(in, out, c, mcclInt32, root, comm, o, NULL);
+    case SCATTER: return mcclScatter(in, out, c, mcclInt32, root, comm, o, NULL);
     default: return mcclAllToAll(in, out, c, mcclInt32, comm, o, NULL);
   }
 }
@@ -69,13 +72,14 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   if (comm == NULL) return 1;
   const int odd = r == mc->odd;
   const int kind = odd ? mc->odd_kind : mc->kind;
-  const size_t c = odd && mc->odd_kind == mc->kind && kind != A2AV ? mc->count + 1 : mc->count;
+  const int root = mc->root_mode == 1 ? r % 2 : (mc->root_mode == 2 && odd ? 1 : 0);
+  const size_t c = odd && mc->odd_kind == mc->kind && kind != A2AV && mc->root_mode == 0 ? mc->count + 1 : mc->count;
   const size_t nin = inElems(kind, c, n), nout = outElems(kind, c, n);
   int32_t* in = malloc(nin * sizeof(int32_t) + 1);
   int32_t* out = malloc(nout * sizeof(int32_t) + 1);
   for (size_t i = 0; i < nin; i++) in[i] = (int32_t)(r + 1 + (int)(i % 7));
-  /* A broadcast's buffer is root's input (rank 0 here); every other output starts as a sentinel. */
-  if (kind == BCAST && r == 0) for (size_t i = 0; i < nout; i++) out[i] = (int32_t)(i % 11);
+  /* A broadcast's buffer is root's input; every other output starts as a sentinel. */
+  if (kind == BCAST && r == root) for (size_t i = 0; i < nout; i++) out[i] = (int32_t)(i % 11);
   else memset(out, 0x5a, nout * sizeof(int32_t));
   int32_t* in0 = malloc(nin * sizeof(int32_t) + 1);
   int32_t* out0 = malloc(nout * sizeof(int32_t) + 1);
@@ -85,7 +89,7 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   memset(&o, 0, sizeof(o));
   o.algorithm = mc->algo;
   o.timeout_ms = 10000;
-  mcclResult_t res = kind == A2AV ? issueA2av(in, out, c, r, n, mc, comm, &o) : issue(kind, in, out, c, comm, &o);
+  mcclResult_t res = kind == A2AV ? issueA2av(in, out, c, r, n, mc, comm, &o) : issue(kind, in, out, c, root, comm, &o);
   const char* msg = mcclGetLastError(comm);
   EXPECT(res != mcclSuccess, "%s x %s, count %zu, %d ranks, odd rank %d: rank %d succeeded",
          kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, mc->odd, r);
@@ -115,7 +119,7 @@ int main(void) {
     const int n = worlds[w];
     for (int k = 0; k < NKINDS; k++) {
       for (int s = 0; s < 3; s++) {
-        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto, 0};
+        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto, 0, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
         if (k == A2AV) { /* the pair that disagrees finds out at the other end */
@@ -125,20 +129,39 @@ int main(void) {
         }
       }
       for (int a = 1; a < 3; a++) { /* each algorithm forced where there are two */
-        mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0};
+        mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
       }
     }
     /* The odd rank issues another kind with the same output size (all-gather of count/n), or the
      * same per-rank count. */
-    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto, 0},      {AR, BCAST, 70000, 1, mcclAlgoAuto, 0},
-                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto, 0},   {AG, RS, 100, 0, mcclAlgoAuto, 0},
-                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto, 0},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto, 0},
-                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto, 0}};
+    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto, 0, 0},      {AR, BCAST, 70000, 1, mcclAlgoAuto, 0, 0},
+                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto, 0, 0},   {AG, RS, 100, 0, mcclAlgoAuto, 0, 0},
+                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto, 0, 0},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto, 0, 0},
+                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto, 0, 0},
+                                  /* root runs a reduce to itself, the others a broadcast from it:
+                                   * with both trees waiting to receive first, only the agreements
+                                   * alongside send anything */
+                                  {BCAST, REDUCE, 100, 0, mcclAlgoAuto, 0, 0},
+                                  {BCAST, REDUCE, 12000, 0, mcclAlgoAuto, 0, 0}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
       harnessRunRanks(n, 60, mismatchUntouched, (void*)&kinds[i]);
       cases++;
+    }
+    /* The rooted collectives with ranks that disagree on the root: half and half (rank r names
+     * r % 2), then one rank (the last) naming root 1 where the others name 0. Small sizes take the
+     * trees: a reduce tree whose ranks disagree on the root left every rank waiting for a child
+     * that sent elsewhere, with no frame to compare, until the timeout, before its agreement ran
+     * alongside the data. */
+    for (int k = BCAST; k < A2A; k++) {
+      if (k == AG || k == RS) continue;
+      for (int s = 0; s < 2; s++)
+        for (int mode = 1; mode <= 2; mode++) {
+          mismatchCase mc = {k, k, counts[s], mode == 2 ? n - 1 : -1, mcclAlgoAuto, 0, mode};
+          harnessRunRanks(n, 60, mismatchUntouched, &mc);
+          cases++;
+        }
     }
   }
   printf("mismatched collectives: %d cases, %s\n", cases, harness_failures == before ? "ok" : "FAILED");
