@@ -12,6 +12,7 @@ over one TCP connection per peer pair; this package only registers it and passes
 """
 from __future__ import annotations
 
+import datetime
 import os
 import torch
 import torch.distributed as dist
@@ -43,8 +44,19 @@ def _create_backend(opts, pg_options=None) -> _C.ProcessGroupMCCL:
     not used: mccl has no per-group options.
     """
     label = f"group {opts.group_id}" if getattr(opts, "group_id", "") else ""
-    return _C.ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+    return _C.ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, _group_timeout(opts.timeout),
                                os.environ.get("MASTER_ADDR", ""), label)
+
+
+def _group_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
+    """A group's timeout as the C library takes it, in whole milliseconds: a positive one under a
+    millisecond is 1 ms (not 0, which libmccl would read as its 30-minute default); zero or a
+    negative one is refused with ValueError (torch's own default, 30 minutes, is what
+    ``timeout=None`` gives)."""
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"mccl: a process group's timeout must be positive, got {timeout!r} "
+                         "(leave it unset for torch's default of 30 minutes)")
+    return max(timeout, datetime.timedelta(milliseconds=1))
 
 
 from . import _order  # noqa: E402

@@ -174,3 +174,36 @@ def test_mismatch_is_named_on_every_rank_of_8():
     messages = check_ok(run_ranks(_mismatch_on_8, 8, pg_timeout_s=30, deadline_s=120, start_method="forkserver"))
     lost = {r: m[-150:] for r, m in enumerate(messages) if "mismatch" not in m}
     assert not lost, f"errors without the cause: {lost}"
+
+
+def _group_with_timeout(rank: int, world_size: int, timeout) -> str:
+    from datetime import timedelta
+    try:
+        dist.new_group(backend="mccl", timeout=timedelta(seconds=timeout))
+    except ValueError as exc:
+        return str(exc)
+    return "created"
+
+
+@pytest.mark.parametrize("timeout", [0, -5])
+def test_a_group_timeout_of_zero_or_less_is_refused(timeout):
+    """libmccl reads a timeout <= 0 as its 30-minute default: the group refuses it instead of
+    silently waiting half an hour."""
+    for v in check_ok(run_ranks(_group_with_timeout, 2, timeout, deadline_s=60)):
+        assert "timeout must be positive" in v and "30 minutes" in v, v
+
+
+def test_a_sub_millisecond_group_timeout_is_one_millisecond():
+    """torch hands a group's timeout to libmccl in whole milliseconds: 0.5 ms would have become 0,
+    libmccl's 30-minute default. (A whole group at 1 ms fails its init on this machine: the
+    timeout bounds init too.)"""
+    from datetime import timedelta
+
+    import mccl
+
+    assert mccl._group_timeout(timedelta(microseconds=500)) == timedelta(milliseconds=1)
+    assert mccl._group_timeout(timedelta(microseconds=1)) == timedelta(milliseconds=1)
+    assert mccl._group_timeout(timedelta(seconds=7)) == timedelta(seconds=7)
+    for bad in (timedelta(0), timedelta(seconds=-1)):
+        with pytest.raises(ValueError, match="timeout must be positive"):
+            mccl._group_timeout(bad)

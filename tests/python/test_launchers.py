@@ -75,3 +75,18 @@ def test_socket_ifname_selects_and_bad_name_fails_clearly():
     rc, out = finish(torchrun(["--nproc-per-node", "2", "--master-port", str(free_port())], env={"MCCL_SOCKET_IFNAME": "bogus0"}))
     assert rc != 0
     assert "MCCL_SOCKET_IFNAME=bogus0 matches no interface" in out, out[-3000:]
+
+
+def test_readme_script_runs_as_written(tmp_path):
+    """README's "Using it in your own script" block, run as it says (torchrun, 2 ranks)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text.split("## Using it in your own script", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    assert "torchrun --standalone --nproc-per-node 2 script.py" in section
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rc, out = finish(proc)
+    assert rc == 0, out[-3000:]
