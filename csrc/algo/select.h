@@ -5,7 +5,9 @@
  * (the mismatch check then fails every rank, naming the difference): so the plan's kind depends
  * only on what every rank knows alike: the collective, its element count and type, the world
  * size, the per-call option (mcclOpOptions_t.algorithm), and parameters every rank of a job must
- * be given the same (MCCL_ALGO, MCCL_RING_THRESHOLD, MCCL_SEGMENT_BYTES, MCCL_ALPHA_BETA). An
+ * be given the same (MCCL_ALGO, MCCL_RING_THRESHOLD, MCCL_SEGMENT_BYTES, MCCL_ALPHA_BETA: init
+ * compares every rank's values and fails every rank, naming the variable, when they differ:
+ * core/comm.c, checkJobSettings). An
  * all-to-all's window (steps in flight) is this rank's own business (it changes no frame) and may
  * differ: it follows the bytes this rank sends, MCCL_ALLTOALL_WINDOW and single_host.
  *

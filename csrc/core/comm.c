@@ -35,6 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "algo/select.h"
 #include "core/comm.h"
 #include "core/debug.h"
 #include "core/host.h"
@@ -358,14 +359,66 @@ static void initPublishFailure(const mcclStore_t* store, const char* prefix, int
  * reaches them while they still wait.
  * ------------------------------------------------------------------------------------------- */
 
+#define MCCL_SETTINGS_STRLEN 192
+
 typedef struct {
   char addr[MCCL_ADDR_STRLEN];
   char group[MCCL_GROUP_STRLEN];
   char host[MCCL_HOST_STRLEN];
+  char settings[MCCL_SETTINGS_STRLEN]; /* jobSettings(): what every rank must be given alike */
 } rankRecord; /* chars only: no padding, the same bytes on every platform */
 
 static void recordTerminate(rankRecord* rec) {
   rec->addr[MCCL_ADDR_STRLEN - 1] = rec->group[MCCL_GROUP_STRLEN - 1] = rec->host[MCCL_HOST_STRLEN - 1] = '\0';
+  rec->settings[MCCL_SETTINGS_STRLEN - 1] = '\0';
+}
+
+/* The values of the MCCL_* variables that every rank of a job must be given alike (ENVIRONMENT.md),
+ * as this rank uses them (a refused value is its default; MCCL_RUNTIME_CONNECT=-1 resolved): every
+ * rank's choices of algorithm, segment and agreement, and whether it connects at init, follow them,
+ * and ranks that differ would fail later with a frame that names no variable, or wait on peers that
+ * never dial. Space-separated NAME=VALUE pairs, in a fixed order. */
+static void jobSettings(int nranks, char* out, size_t cap) {
+  const mcclAlgorithm_t forced = mcclAlgoForced();
+  const char* algo = forced == mcclAlgoRing ? "ring" : forced == mcclAlgoTree ? "tree"
+                     : forced == MCCL_ALGO_TWO_LEVEL ? "twolevel" : "auto";
+  int64_t runtime_connect = mcclParamInt("MCCL_RUNTIME_CONNECT");
+  if (runtime_connect < 0) runtime_connect = nranks > mcclParamInt("MCCL_ANNOUNCE_RANKS");
+  snprintf(out, cap, "MCCL_ALGO=%s MCCL_RING_THRESHOLD=%lld MCCL_SEGMENT_BYTES=%lld MCCL_ALPHA_BETA=%lld "
+           "MCCL_ANNOUNCE_RANKS=%lld MCCL_RUNTIME_CONNECT=%lld", algo,
+           (long long)mcclParamInt("MCCL_RING_THRESHOLD"), (long long)mcclParamInt("MCCL_SEGMENT_BYTES"),
+           (long long)mcclParamInt("MCCL_ALPHA_BETA"), (long long)mcclParamInt("MCCL_ANNOUNCE_RANKS"),
+           (long long)runtime_connect);
+}
+
+/* Every rank judges the same table: the first rank whose settings differ from rank 0's fails
+ * init on every rank, with the variable, both values and both ranks named. */
+static mcclResult_t checkJobSettings(const struct mcclComm* comm, const rankRecord* recs) {
+  for (int r = 1; r < comm->nranks; r++) {
+    if (strcmp(recs[r].settings, recs[0].settings) == 0) continue;
+    const char *a = recs[0].settings, *b = recs[r].settings;
+    for (;;) { /* the first NAME=VALUE pair that differs */
+      size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+      if (la != lb || strncmp(a, b, la) != 0) {
+        /* Both list the same names in the same order: NAME=VALUE with the same NAME. */
+        const int name = (int)strcspn(a, "=");
+        if ((size_t)name < la && strncmp(a, b, (size_t)name + 1) == 0) {
+          mcclSetThreadError("mcclCommInitConfig: %.*s is %.*s on rank %d but %.*s on rank 0: every rank of a job "
+                             "must be given the same %.*s (docs/ENVIRONMENT.md)", name, a, (int)lb - name - 1,
+                             b + name + 1, r, (int)la - name - 1, a + name + 1, name, a);
+          return mcclInvalidArgument;
+        }
+        break;
+      }
+      if (a[la] == '\0' || b[lb] == '\0') break;
+      a += la + 1;
+      b += lb + 1;
+    }
+    mcclSetThreadError("mcclCommInitConfig: rank %d's settings '%s' differ from rank 0's '%s'", r, recs[r].settings,
+                       recs[0].settings);
+    return mcclInvalidArgument;
+  }
+  return mcclSuccess;
 }
 
 /* Fill recs[0..n-1] (this rank's own, recs[rank], already filled and published). The thread's
@@ -788,6 +841,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     rankRecord* self = &recs[comm->rank];
     snprintf(self->addr, sizeof(self->addr), "%s", addrs[comm->rank]);
     mcclHostDescribe(self->host, sizeof(self->host));
+    jobSettings(comm->nranks, self->settings, sizeof(self->settings));
     char group_why[400];
     mcclTopologyGroup(addrs[comm->rank], NULL, mcclParamString("MCCL_TOPOLOGY_GROUP"), mcclParamString("MCCL_TOPOLOGY"),
                       self->group, group_why, sizeof(group_why));
@@ -798,6 +852,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
     MCCLCHECKGOTO(storeSet(store, key, self, sizeof(*self), "this rank's record"), res, fail);
     addr_published = 1;
     MCCLCHECKGOTO(gatherRecords(comm, store, prefix, recs, deadline), res, fail);
+    MCCLCHECKGOTO(checkJobSettings(comm, recs), res, fail);
     for (int r = 0; r < comm->nranks; r++) snprintf(addrs[r], MCCL_ADDR_STRLEN, "%s", recs[r].addr);
     /* A loopback address is reachable from its own host (and network namespace) only: if a rank
      * published one and a rank elsewhere must dial it, the job would wait out its timeout on
