@@ -70,8 +70,9 @@ def _sockets() -> int:
 def _socket_detail(before: dict[int, str]) -> list[list]:
     """The sockets opened since ``before`` (a `_socket_fds()` snapshot), one ``[kind, status,
     local address, local port, remote address, remote port]`` each from psutil's per-descriptor
-    table (kind "tcp", "tcp6", "udp", "unix", or "other" where psutil cannot place the
-    descriptor; "" and 0 where there is no address)."""
+    table (kind "tcp", "tcp6", "udp", "unix"; where psutil cannot place the descriptor, the /proc/net
+    table that lists its inode, e.g. "netlink/0", or "other" where none does; "" and 0 where there
+    is no address)."""
     import socket as so
 
     import psutil
@@ -87,8 +88,28 @@ def _socket_detail(before: dict[int, str]) -> list[list]:
             status = c.status if c.status and c.status != psutil.CONN_NONE else ""
             ends = [(a.ip, a.port) if a and hasattr(a, "port") else ("", 0) for a in (c.laddr, c.raddr)]
             out.append([fam, status, *ends[0], *ends[1]])
-    out += [["other", "", "", 0, "", 0]] * len(new - seen)
+    cur = _socket_fds()
+    out += [[_socket_family(cur[fd]), "", "", 0, "", 0] for fd in sorted(new - seen) if fd in cur]
     return out
+
+
+def _socket_family(link: str) -> str:
+    """What a socket psutil cannot place is, from its inode ("socket:[N]") in /proc/net's tables:
+    "netlink/<protocol>", "packet", "unix", "raw", "udp", ...; "other" where no table lists it."""
+    inode = link[len("socket:["):-1]
+    tables = {"netlink": ("netlink", 9, 1), "packet": ("packet", 8, None), "unix": ("unix", 6, None),
+              "raw": ("raw", 9, None), "raw6": ("raw", 9, None), "udp": ("udp", 9, None), "udp6": ("udp", 9, None)}
+    for name, (kind, col, proto_col) in tables.items():
+        try:
+            with open(f"/proc/net/{name}") as f:
+                next(f, None)  # the header
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > col and cols[col] == inode:
+                        return f"{kind}/{cols[proto_col]}" if proto_col is not None else kind
+        except OSError:
+            continue
+    return "other"
 
 
 def _classify_sockets(every: list[dict]) -> list[dict]:
@@ -104,11 +125,11 @@ def _classify_sockets(every: list[dict]) -> list[dict]:
                 end_of[(lip, lport, rip, rport)] = r["rank"]
     rows = []
     for r in every:
-        row = {"listen": 0, "peer_links": 0, "self": 0, "outside": {}, "other": 0, "dup_peers": {}}
+        row = {"listen": 0, "peer_links": 0, "self": 0, "outside": {}, "other": {}, "dup_peers": {}}
         per_peer: dict[int, int] = {}
         for kind, status, lip, lport, rip, rport in r["socket_detail"]:
             if not kind.startswith("tcp"):
-                row["other"] += 1
+                row["other"][kind] = row["other"].get(kind, 0) + 1
             elif status == "LISTEN":
                 row["listen"] += 1
             else:

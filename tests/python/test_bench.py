@@ -155,6 +155,11 @@ def test_smoke_two_ranks_mccl_and_gloo(tmp_path):
         times = r["per_rank"]["times_us"]
         assert len(times) == 2 and all(len(t) == 3 for t in times), times
         assert r["time_us_loop"] == pytest.approx(max(sum(t) for t in times) / 3, rel=1e-3)
+        # What grew, per rank: [mapping, KiB] pairs from smaps, largest first.
+        grown = r["per_rank"]["rss_grown"]
+        assert len(grown) == 2 and all(isinstance(g, list) for g in grown), grown
+        assert all(k.split(" ", 1)[1] and kib >= 4 for g in grown for k, kib in g), grown
+        assert all([kib for _, kib in g] == sorted((kib for _, kib in g), reverse=True) for g in grown), grown
         assert 0 < r["time_us_loop"] <= r["time_us_mean"] * (1 + 1e-6), r
     assert data["meta"]["goodput"]["bits_per_s"] > 0 and data["meta"]["world_size"] == 2
     # What moving the goodput stream cost its two ends, and the footnote that reads it against the engines.

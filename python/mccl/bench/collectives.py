@@ -26,7 +26,8 @@ For each (collective, size, backend) a rank runs, in order:
 4. CPU use over the timed interval (the backend's engine threads when they have a name, else
    the whole process) and memory: peak RSS (VmHWM, reset before the warm-up) and ``+RSS``, the
    peak minus the RSS just before the warm-up, when the tensors were already resident: what the
-   backend itself needed on top of the process and the tensors.
+   backend itself needed on top of the process and the tensors (the JSON's ``per_rank.rss_grown``
+   names the mappings of /proc/self/smaps that grew most from then to the end of the timing).
 
 ``--skew-ms N`` delays rank ``--skew-rank`` by a random 0..N ms before every warm-up and timed
 iteration, so its neighbours run ahead (the parking/credits memory test); times then include the
@@ -328,6 +329,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
         redop = REDOPS[args.redop]
         runtime.trim_heap()
         rss_before = runtime.current_rss()
+        maps_before = runtime.rss_by_mapping()  # what grew, for the JSON (per_rank.rss_grown)
         peak_reset = runtime.reset_peak_rss()
         for _ in range(args.warmup):
             if delay:
@@ -348,6 +350,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
             times.append(t - t_prev)
             t_prev = t
         local = {"times": times, "wrong": wrong, "rss_before": rss_before, "rss_peak": runtime.peak_rss(),
+                 "rss_grown": runtime.rss_growth(maps_before, runtime.rss_by_mapping()),
                  "peak_reset": peak_reset, "tensor_bytes": inp.nbytes + (out.nbytes if out is not None else 0),
                  **probe.stop()}
     except Unsupported as exc:
@@ -390,6 +393,7 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
                      "cpu_proc_pct": [p["cpu_proc_pct"] for p in parts],
                      "rss_peak_mib": [p["rss_peak"] / 2 ** 20 for p in parts],
                      "rss_extra_mib": [(p["rss_peak"] - p["rss_before"]) / 2 ** 20 for p in parts],
+                     "rss_grown": [p.get("rss_grown", []) for p in parts],
                      "times_us": [[round(t * 1e6, 1) for t in p["times"]] for p in parts]},
         "skew_ms": args.skew_ms, "skew_rank": skew_rank if args.skew_ms > 0 else None,
     })

@@ -373,6 +373,31 @@ def current_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def rss_by_mapping() -> dict[str, int]:
+    """This process's resident bytes per memory mapping, from /proc/self/smaps: key "start path"
+    (path "[heap]", "[stack]", a file, or "[anon]"); empty where there is no smaps (macOS)."""
+    out: dict[str, int] = {}
+    key = None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if "-" in head[0] and not head[0].endswith(":"):
+                    key = f"{head[0].split('-')[0]} {head[5].strip() if len(head) > 5 else '[anon]'}"
+                elif head[0] == "Rss:" and key is not None:
+                    out[key] = int(head[1]) * 1024
+    except OSError:
+        return {}
+    return out
+
+
+def rss_growth(before: dict[str, int], after: dict[str, int], top: int = 4) -> list[list]:
+    """The mappings whose resident bytes grew most from ``before`` to ``after`` (new ones count
+    whole): [[key, KiB grown], ...], largest first, growths of a page or more only."""
+    grown = [(k, (v - before.get(k, 0)) // 1024) for k, v in after.items() if v - before.get(k, 0) >= 4096]
+    return [list(g) for g in sorted(grown, key=lambda g: -g[1])[:top]]
+
+
 # ---------------------------------------------------------------------------------------------
 # Goodput
 # ---------------------------------------------------------------------------------------------
