@@ -12,7 +12,8 @@ printed from its last sample: bytes each way, busy ms, and the ms (and % of busy
 it limited by the peer's receive window (rwnd_limited) and by its own send buffer
 (sndbuf_limited), with its RTT and cwnd. A sender that is rwnd-limited is waiting on a receiver
 that does not read fast enough (Linux tcp_info: tcpi_busy_time, tcpi_rwnd_limited,
-tcpi_sndbuf_limited).
+tcpi_sndbuf_limited). Then the times at which the busiest sender ran BBR with a congestion window
+of 4 packets or fewer: BBR's PROBE_RTT (probe_rtt_episodes).
 """
 import collections
 import gzip
@@ -83,6 +84,49 @@ def ss_last(path: str) -> dict:
     return last
 
 
+def ss_samples(path: str):
+    """Every `ss -tin` sample in `path`: (unix time, {(local, peer): info line})."""
+    opener = gzip.open if path.endswith(".gz") else open
+    ts, conns, cur = None, {}, None
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.startswith("@ "):
+                if ts is not None:
+                    yield ts, conns
+                ts, conns, cur = float(line[2:]), {}, None
+            elif line.startswith("\t") and cur is not None:
+                conns[cur] = line.strip()
+            else:
+                p = line.split()
+                cur = (p[2], p[3]) if len(p) >= 4 and p[0].isdigit() and p[1].isdigit() else None
+    if ts is not None:
+        yield ts, conns
+
+
+def probe_rtt_episodes(path: str, min_bytes: int = 100_000_000, gap_s: float = 0.1) -> list[tuple[float, float]]:
+    """When the busiest sender of `path` (the connection that has sent the most, once past
+    min_bytes) ran BBR with a congestion window of 4 packets or fewer: BBR's PROBE_RTT, which it
+    enters when its minimum RTT has not been renewed for 10 s, and holds at least 200 ms (Cardwell
+    et al., "BBR: Congestion-Based Congestion Control", ACM Queue 2016). Episodes: (first, last)
+    sample times in seconds from the first sample, samples closer than gap_s joined."""
+    out, t0 = [], None
+    for ts, conns in ss_samples(path):
+        t0 = ts if t0 is None else t0
+        sent = {k: int(m.group(1)) for k, v in conns.items() if (m := re.search(r"bytes_sent:(\d+)", v))}
+        if not sent or max(sent.values()) < min_bytes:
+            continue
+        info = conns[max(sent, key=sent.get)]
+        m = re.search(r"(?<![a-z_])cwnd:(\d+)", info)
+        if "bbr" not in info or m is None or int(m.group(1)) > 4:
+            continue
+        t = round(ts - t0, 3)
+        if out and t - out[-1][1] <= gap_s:
+            out[-1] = (out[-1][0], t)
+        else:
+            out.append((t, t))
+    return out
+
+
 def ss_report(path: str, min_bytes: int = 10_000_000) -> list[str]:
     """One line per connection of `path` that sent or received over min_bytes."""
     out = []
@@ -118,6 +162,9 @@ def main() -> None:
         for ss in (f"{folder}/ss-{tag}.txt", f"{folder}/ss-{tag}.txt.gz"):
             if os.path.exists(ss):
                 print("\n".join(ss_report(ss)))
+                episodes = probe_rtt_episodes(ss)
+                print(f"  busiest sender in BBR's PROBE_RTT (cwnd <= 4): "
+                      + (", ".join(f"{a:.2f}-{b:.2f} s" for a, b in episodes) if episodes else "never"))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ static mcclParam params[] = {
      * of reading each frame later (transport/tcp.c; bench/NOTES.md has the trade); 0: the
      * kernel's default of 1 byte. */
     {"MCCL_RECV_LOWAT", 0, 0, 1 << 30, 0, NULL, 0},
+    /* A TCP congestion control for this rank's sockets (Linux TCP_CONGESTION: "cubic", "reno",
+     * "bbr", ...); unset: the system's default (transport/socket.h). */
+    {"MCCL_TCP_CONGESTION", 0, 0, 0, 1, NULL, 0},
     /* SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the kernel's autotuning on. */
     {"MCCL_SOCKET_BUFSIZE", 0, 0, 1 << 30, 0, NULL, 0},
     /* MPS tensors: 1 reduces in place in unified memory; 0 stages every bucket through CPU

@@ -189,6 +189,19 @@ static int noSigpipe(int fd) {
 #endif
 }
 
+/* MCCL_TCP_CONGESTION on `fd`: 0 when it is unset or taken, else -1 with errno (Linux; elsewhere
+ * there is no such option and the variable is refused at listen). */
+static int setCongestion(int fd) {
+  const char* cc = mcclParamString("MCCL_TCP_CONGESTION");
+  if (cc == NULL || cc[0] == '\0') return 0;
+#ifdef TCP_CONGESTION
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc));
+#else
+  errno = ENOPROTOOPT;
+  return -1;
+#endif
+}
+
 int mcclSocketTune(int fd) {
   int one = 1;
   int flags = fcntl(fd, F_GETFL, 0);
@@ -201,6 +214,7 @@ int mcclSocketTune(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof(bufsize));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof(bufsize));
   }
+  setCongestion(fd); /* the listener's succeeded (mcclSocketListen), so this one does too */
   return 0;
 }
 
@@ -290,6 +304,15 @@ mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
   }
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (setCongestion(fd) != 0) { /* checked here, once, so that every connection can take it */
+    mcclSocketErrorText(errno, why, sizeof(why));
+    mcclSetThreadError("MCCL_TCP_CONGESTION=%s: this system refuses it for a socket (%s); "
+                       "/proc/sys/net/ipv4/tcp_available_congestion_control lists what is loaded, "
+                       "tcp_allowed_congestion_control what a process without CAP_NET_ADMIN may choose",
+                       mcclParamString("MCCL_TCP_CONGESTION"), why);
+    close(fd);
+    return mcclInvalidArgument;
+  }
   if (bind(fd, &addr->sa, mcclSockaddrLen(addr)) != 0 || listen(fd, 1024) != 0) {
     int err = errno;
     mcclSockaddrFormat(addr, text, sizeof(text));

@@ -39,7 +39,7 @@ mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, cha
                                   size_t ifname_cap);
 
 /* O_NONBLOCK, close-on-exec, SO_NOSIGPIPE where it exists (core/platform.h), TCP_NODELAY, and
- * MCCL_SOCKET_BUFSIZE when set. Returns 0 or -1. A socket that is not TCP (a socketpair) fails
+ * MCCL_SOCKET_BUFSIZE and MCCL_TCP_CONGESTION when set. Returns 0 or -1. A socket that is not TCP (a socketpair) fails
  * at TCP_NODELAY with the options before it set. */
 int mcclSocketTune(int fd);
 
@@ -65,7 +65,9 @@ void mcclSocketErrorText(int err, char* out, size_t cap);
 int mcclSocketResourceError(int err);
 
 /* A listening socket bound to `addr` (port 0 picks one); writes the bound address back. Errors
- * name the address and the cause (mcclSocketErrorText). */
+ * name the address and the cause (mcclSocketErrorText). It carries MCCL_TCP_CONGESTION when that
+ * is set (accepted connections inherit it); mcclInvalidArgument, naming the value, when the
+ * system refuses it (not loaded, not allowed to this process, or no such option: not Linux). */
 mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* fd);
 
 #endif

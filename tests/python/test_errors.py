@@ -207,3 +207,38 @@ def test_a_sub_millisecond_group_timeout_is_one_millisecond():
     for bad in (timedelta(0), timedelta(seconds=-1)):
         with pytest.raises(ValueError, match="timeout must be positive"):
             mccl._group_timeout(bad)
+
+
+def _link_congestion(rank: int, world_size: int) -> list:
+    """The TCP congestion control of each TCP socket this rank holds after an all-reduce."""
+    import socket
+
+    dist.all_reduce(torch.ones(4))
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                names.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode())
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return names
+
+
+@pytest.mark.skipif(not hasattr(__import__("socket"), "TCP_CONGESTION"), reason="TCP_CONGESTION is Linux's")
+def test_mccl_tcp_congestion_sets_every_link_and_refuses_what_the_kernel_refuses():
+    # reno is built into every Linux kernel and allowed to every process.
+    for names in check_ok(run_ranks(_link_congestion, 3, env={"MCCL_TCP_CONGESTION": "reno"}, deadline_s=60)):
+        # The links to the 2 peers, dialled and accepted (the store is a file here), and the
+        # listener where it stays open (MCCL_RUNTIME_CONNECT=1).
+        assert len(names) >= 2 and set(names) == {"reno"}, names
+    results = run_ranks(_link_congestion, 2, env={"MCCL_TCP_CONGESTION": "no-such-cc"}, deadline_s=60, pg_timeout_s=20)
+    for r in results:
+        assert not r.ok and "MCCL_TCP_CONGESTION=no-such-cc: this system refuses it" in r.error, r.error

@@ -64,3 +64,18 @@ def test_parse_sums_softnet_backlog_drops_over_cpus(tmp_path):
     # softnet_stat is hexadecimal: column 2 the backlog's drops, column 3 its time squeezes, summed over CPUs
     assert (b[-1]["softnet.dropped"], b[-1]["softnet.squeezed"]) == (1, 2)
     assert (a[-1]["softnet.dropped"], a[-1]["softnet.squeezed"]) == (3 + 10, 4)
+
+
+def test_probe_rtt_episodes_are_the_busiest_senders_bbr_samples_at_cwnd_4(tmp_path):
+    def sample(t, cc, cwnd, sent):
+        return (f"@ {t}\nRecv-Q Send-Q Local Address:Port Peer Address:Port\n"
+                f"0      0      10.0.0.2:5000   10.0.0.3:6000\n\t {cc} rtt:0.3/0.1 cwnd:{cwnd} bytes_sent:{sent}\n"
+                f"0      0      10.0.0.2:5001   10.0.0.1:6001\n\t {cc} rtt:1.0/0.1 cwnd:2 bytes_sent:600\n")
+    # t=100: too early (under min_bytes; the small connection's cwnd 2 never counts); 101.00-101.08:
+    # one episode (samples 40 ms apart); 101.3: back to 40; 111.2: a second one; cubic never counts.
+    text = (sample(100.0, "bbr", 4, 10) + sample(101.0, "bbr", 4, 2 * 10**8) + sample(101.04, "bbr", 3, 3 * 10**8)
+            + sample(101.08, "bbr", 4, 4 * 10**8) + sample(101.3, "bbr", 40, 5 * 10**8)
+            + sample(111.2, "bbr", 4, 9 * 10**8) + sample(112.0, "cubic", 2, 10**9))
+    path = tmp_path / "ss-1-mccl.txt"
+    path.write_text(text)
+    assert netdiag.probe_rtt_episodes(str(path)) == [(1.0, 1.08), (11.2, 11.2)]
