@@ -7,18 +7,17 @@
  * size, the per-call option (mcclOpOptions_t.algorithm), and parameters every rank of a job must
  * be given the same (MCCL_ALGO, MCCL_RING_THRESHOLD, MCCL_SEGMENT_BYTES, MCCL_ALPHA_BETA: init
  * compares every rank's values and fails every rank, naming the variable, when they differ:
- * core/comm.c, checkJobSettings). An
- * all-to-all's window (steps in flight) is this rank's own business (it changes no frame) and may
- * differ: it follows the bytes this rank sends, MCCL_ALLTOALL_WINDOW and single_host.
+ * core/comm.c, checkJobSettings). An all-to-all's window (steps in flight) is this rank's own
+ * business (it changes no frame) and may differ: it follows the bytes this rank sends,
+ * MCCL_ALLTOALL_WINDOW and single_host.
  *
  * The model behind the thresholds is Hockney's alpha-beta (docs/algorithms.md): a message of S
  * bytes costs alpha + S/beta; MCCL_ALPHA_BETA gives alpha x beta in bytes (default 32 KiB, switched
  * 10 GbE's; `python -m mccl.model fit` prints the value for a measured network: 379 KB for the
- * paper's 306 us x 1.238 GB/s). Rings are
- * bandwidth-optimal (each rank moves 2(n-1)/n S for an all-reduce; Patarasuk & Yuan 2009) but take
- * 2(n-1) steps; recursive doubling and Bruck take ceil(log2 n) rounds of larger messages (Thakur,
- * Rabenseifner & Gropp 2005), so small messages take them and large ones the ring, from
- * MCCL_RING_THRESHOLD bytes (default 256 KiB).
+ * paper's 306 us x 1.238 GB/s). Rings are bandwidth-optimal (each rank moves 2(n-1)/n S for an
+ * all-reduce; Patarasuk & Yuan 2009) but take 2(n-1) steps; recursive doubling and Bruck take
+ * ceil(log2 n) rounds of larger messages (Thakur, Rabenseifner & Gropp 2005), so small messages
+ * take them and large ones the ring, from MCCL_RING_THRESHOLD bytes (default 256 KiB).
  */
 #ifndef MCCL_SELECT_H_
 #define MCCL_SELECT_H_
