@@ -20,9 +20,9 @@ For each (collective, size, backend) a rank runs, in order:
    ``time_loop`` is nccl-tests' figure, the slowest rank's whole timed loop over the number of
    iterations: the period the backend sustains back to back, in which one slow iteration on one
    rank counts once rather than as that iteration's maximum (in the JSON, with ``busbw_loop``,
-   and with ``--rounds`` in the every-round table, beside the median: a backend whose ranks run
-   ahead of each other, the late rank changing from iteration to iteration, has a larger median
-   of maxima than loop figure; one whose ranks wait for each other at every step has the same);
+   and with ``--rounds`` in the every-round table, beside the median: when the slowest rank
+   changes from iteration to iteration, each iteration's maximum is long while the loop is not,
+   and bench/late_rank.py shows which rank it was);
 4. CPU use over the timed interval (the backend's engine threads when they have a name, else
    the whole process) and memory: peak RSS (VmHWM, reset before the warm-up) and ``+RSS``, the
    peak minus the RSS just before the warm-up, when the tensors were already resident: what the
