@@ -1,6 +1,6 @@
 """Which rank made each timed iteration slow, from mccl.bench JSON (every rank's iteration times).
 
-Usage: python bench/late_rank.py RESULT.json [--op all_reduce] [--size 64M]
+Usage: PYTHONPATH=python python bench/late_rank.py RESULT.json [--op all_reduce] [--size 64M]
 
 mccl.bench times iteration k on a rank from the end of its iteration k-1 to its own end, and
 reports the median over iterations of the slowest rank's time; nccl-tests reports the loop (the
@@ -8,8 +8,8 @@ timed loop over the iterations). The two differ when ranks run ahead of each oth
 and credits a rank that starts late delays only the rank after it in the ring, whose iteration
 is then long by that much while the late rank's next one is short by as much, and the late
 rank moves one place along the ring each iteration. Then every iteration's maximum is long and
-the loop is not. When ranks wait for each other at every step (a receiver-driven protocol) all
-ranks' iterations last alike and the two figures agree.
+the loop is not. (On the 8-host testbed, 2026-12-06, gloo's two figures differed by as much as
+mccl's, so the moving late rank is not the only cause of a difference.)
 
 Per (op, size, backend, round) this prints: the loop figure and the median of maxima (ms), the
 median over iterations of (slowest rank's time - median rank's time), and the late rank of every
@@ -20,10 +20,7 @@ import argparse
 import json
 import statistics
 
-
-def parse_size(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
+from mccl.model import parse_size
 
 
 def analyse(row: dict) -> dict:

@@ -70,20 +70,6 @@ def parse_text(text: str) -> dict:
     return hosts
 
 
-def ss_last(path: str) -> dict:
-    """The last `ss -tin` sample of each connection (local, peer) in `path`, as its info line."""
-    opener = gzip.open if path.endswith(".gz") else open
-    last, cur = {}, None
-    with opener(path, "rt") as f:
-        for line in f:
-            if line.startswith("\t") and cur is not None:
-                last[cur] = line.strip()
-                continue
-            p = line.split()
-            cur = (p[2], p[3]) if len(p) >= 4 and p[0].isdigit() and p[1].isdigit() else None
-    return last
-
-
 def ss_samples(path: str):
     """Every `ss -tin` sample in `path`: (unix time, {(local, peer): info line})."""
     opener = gzip.open if path.endswith(".gz") else open
@@ -101,6 +87,14 @@ def ss_samples(path: str):
                 cur = (p[2], p[3]) if len(p) >= 4 and p[0].isdigit() and p[1].isdigit() else None
     if ts is not None:
         yield ts, conns
+
+
+def ss_last(path: str) -> dict:
+    """The last `ss -tin` sample of each connection (local, peer) in `path`, as its info line."""
+    last = {}
+    for _, conns in ss_samples(path):
+        last.update(conns)
+    return last
 
 
 def probe_rtt_episodes(path: str, min_bytes: int = 100_000_000, gap_s: float = 0.1) -> list[tuple[float, float]]:

@@ -39,8 +39,8 @@ mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, cha
                                   size_t ifname_cap);
 
 /* O_NONBLOCK, close-on-exec, SO_NOSIGPIPE where it exists (core/platform.h), TCP_NODELAY, and
- * MCCL_SOCKET_BUFSIZE and MCCL_TCP_CONGESTION when set. Returns 0 or -1. A socket that is not TCP (a socketpair) fails
- * at TCP_NODELAY with the options before it set. */
+ * MCCL_SOCKET_BUFSIZE and MCCL_TCP_CONGESTION when set. Returns 0 or -1. A socket that is not
+ * TCP (a socketpair) fails at TCP_NODELAY with the options before it set. */
 int mcclSocketTune(int fd);
 
 /* A new TCP socket of `family` (AF_INET or AF_INET6), blocking, close-on-exec from the start
