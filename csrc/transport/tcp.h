@@ -212,8 +212,9 @@ typedef struct {
 
 /* Open the mesh: connect to every lower rank, accept every higher rank on `listen_fd`, with the
  * hello/ack handshake in both directions, until `deadline_ns` (mcclNowNs clock). Connections that
- * fail the handshake (strangers, wrong token or generation, duplicate or out-of-range ranks) are
- * closed and logged; the mesh goes on. `peer_addrs[r]` is rank r's published address. Once its
+ * fail the handshake (strangers, wrong token or generation, out-of-range ranks) are closed and
+ * logged; the mesh goes on. A second valid hello for a rank that has one (an impostor holding
+ * the job token, tcp_connect.c claimedTwice) fails the mesh, naming both addresses. `peer_addrs[r]` is rank r's published address. Once its
  * own connections are open a rank sends READY on each and returns only when every peer has sent
  * its READY, so that no rank's init succeeds while another's fails. The transport owns
  * `listen_fd` from the call on, whatever it returns.
@@ -384,6 +385,11 @@ void mcclConnectorDescribe(const mcclTransport* t, int peer, char* out, size_t c
  * have taken it as one already), so that it gets the ABORT frame; the other handshakes close. The
  * listener stays open (its dialers wait instead of being refused) until mcclConnectorFree. */
 void mcclConnectorFailing(mcclTransport* t);
+/* A failing rank (mcclTransportFail), with runtime connection: each connection that claimed a rank
+ * claimed already (the communicator's failure, tcp_connect.c claimedTwice) gets an ACK and the
+ * ABORT frame (`hdr`, then `len` bytes of reason), so that a real rank refused as the second
+ * claimant fails with the reason instead of redialling; then it closes. */
+void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char* reason, size_t len);
 /* A failing rank's NOTICE to `peer`, which it has no link with (wire.h): a connecting socket, or
  * -1; once it is writable, mcclConnectorNoticeSend writes the NOTICE hello and the ABORT frame
  * (`hdr`, then `len` bytes of reason) in one go: 0, or -1 when it could not. */

@@ -20,7 +20,9 @@
 
 /* ---- connection setup ------------------------------------------------------------------- */
 
-enum { PEND_CONNECTING, PEND_SEND, PEND_RECV };
+/* PEND_CLAIMED: an incoming connection whose valid hello claims a rank that another connection
+ * claimed first (claimedTwice); kept, unanswered, until the failure tells it why. */
+enum { PEND_CONNECTING, PEND_SEND, PEND_RECV, PEND_CLAIMED };
 
 typedef struct {
   int fd;
@@ -592,10 +594,34 @@ static mcclResult_t acceptAll(mcclTransport* t) {
 }
 
 /* One step of a slot's handshake, its socket being ready for it. */
+/* A second connection whose hello carries the job's token claims `rank`, which another connection
+ * (from `first`, NULL: the rank's link) claimed already. A rank dials a peer again only after its
+ * last connection to it failed, so one of the two is not that rank: a process that read the token
+ * from the rendezvous store (docs/FAILURES.md), or a second copy of the rank. Which one is real
+ * cannot be told, and the first may have delivered frames already: the communicator fails, on
+ * every rank (the ABORT), and the second claimant hears why (mcclConnectorTellClaimants). */
+static mcclResult_t claimedTwice(mcclTransport* t, mcclPending* p, int rank, const char* first) {
+  char linked[MCCL_ADDR_STRLEN] = "?";
+  if (first == NULL) {
+    mcclSockaddr a;
+    socklen_t len = sizeof(a.ss);
+    if (getpeername(t->conns[rank].fd, &a.sa, &len) == 0) mcclSockaddrFormat(&a, linked, sizeof(linked));
+    first = linked;
+  }
+  p->peer = rank;
+  p->state = PEND_CLAIMED;
+  snprintf(t->error, sizeof(t->error), "rank %d: two connections with the job token claim to be rank %d, from %s "
+           "(first) and from %s: one of them is not rank %d (a process that read the token from the rendezvous "
+           "store, or rank %d started twice), and this rank cannot tell which, so the communicator fails",
+           t->rank, rank, first, p->addr, rank, rank);
+  return mcclProtocolError;
+}
+
 static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
   mcclConnector* k = t->connector;
   char why[160];
   const char* reject = NULL;
+  if (p->state == PEND_CLAIMED) return mcclSuccess;
   if (p->state == PEND_CONNECTING) {
     int err = 0;
     socklen_t el = sizeof(err);
@@ -640,9 +666,11 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
       reject = r == 0 ? "closed before finishing the handshake" : strerror(errno);
     } else if ((p->done += (size_t)r) == MCCL_HELLO_BYTES) {
       mcclHello h;
-      if (helloCheck(t, &k->auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO, p->peer, &h,
-                     why, sizeof(why)) != MCCL_WIRE_OK)
-        reject = why;
+      mcclWireStatus st = helloCheck(t, &k->auth, p->buf, p->outgoing ? MCCL_HELLO_KIND_ACK : MCCL_HELLO_KIND_HELLO,
+                                     p->peer, &h, why, sizeof(why));
+      if (st == MCCL_WIRE_DUPLICATE && !p->outgoing && h.kind == MCCL_HELLO_KIND_HELLO)
+        return claimedTwice(t, p, (int)h.rank, NULL);
+      if (st != MCCL_WIRE_OK) reject = why;
       if (reject == NULL && p->outgoing) {
         INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", t->rank, p->peer, p->addr);
         slotAdopt(t, p);
@@ -651,16 +679,13 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
         INFO(MCCL_SUB_INIT, "rank %d: rank %d (%s) connected to say it failed", t->rank, p->peer, p->addr);
         slotAdopt(t, p);
       } else if (reject == NULL) {
+        for (int i = t->nranks; i < k->cap; i++) /* a hello for this rank acked but not yet adopted */
+          if (&k->pend[i] != p && k->pend[i].fd >= 0 && k->pend[i].peer == (int)h.rank)
+            return claimedTwice(t, p, (int)h.rank, k->pend[i].addr);
         p->peer = (int)h.rank;
         helloMake(t, &k->auth, MCCL_HELLO_KIND_ACK, p->peer, p->buf);
         p->state = PEND_SEND;
         p->done = 0;
-        /* Reserve the rank now so that a duplicate hello is refused. */
-        for (int i = t->nranks; i < k->cap; i++)
-          if (&k->pend[i] != p && k->pend[i].fd >= 0 && k->pend[i].peer == p->peer) {
-            WARN("rank %d: closing duplicate connection for rank %d from %s", t->rank, p->peer, k->pend[i].addr);
-            slotClose(k, &k->pend[i]);
-          }
       }
     }
   }
@@ -785,7 +810,27 @@ void mcclConnectorFailing(mcclTransport* t) {
     if (p->fd < 0) continue;
     /* A dial whose hello is out may be its peer's link already (it adopts it as it acks). */
     if (p->outgoing && p->state == PEND_RECV && t->conns[p->peer].fd < 0) slotAdopt(t, p);
-    else slotClose(k, p);
+    else if (!(k->runtime && p->state == PEND_CLAIMED)) slotClose(k, p);
+  }
+}
+
+void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char* reason, size_t len) {
+  mcclConnector* k = t->connector;
+  if (k == NULL) return;
+  for (int i = t->nranks; i < k->cap; i++) {
+    mcclPending* p = &k->pend[i];
+    if (p->fd < 0 || p->state != PEND_CLAIMED) continue;
+    uint8_t ack[MCCL_HELLO_BYTES];
+    helloMake(t, &k->auth, MCCL_HELLO_KIND_ACK, p->peer, ack);
+    struct iovec iov[3] = {{ack, sizeof(ack)}, {(void*)hdr, MCCL_FRAME_BYTES}, {(void*)reason, len}};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 3;
+    ssize_t ignored = sendmsg(p->fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT); /* a fresh socket's buffer */
+    (void)ignored;
+    shutdown(p->fd, SHUT_WR); /* its hello was read whole: closing sends no reset */
+    slotClose(k, p);
   }
 }
 

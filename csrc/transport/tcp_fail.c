@@ -68,6 +68,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     c->dead = 1;
     if (c->dead_reason[0] == '\0') snprintf(c->dead_reason, sizeof(c->dead_reason), "this rank failed");
   }
+  mcclConnectorTellClaimants(t, hdr, reason, len);
   mcclTransportCancel(t);
   /* With runtime connection, the peers this rank has no link with get the ABORT frame too, each
    * on a connection of its own (a NOTICE, wire.h): one of them may be waiting for this rank to

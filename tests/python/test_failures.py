@@ -206,7 +206,10 @@ def run_ranks_late(world: int, elems: int, late: int):
 # ---- strangers on the wire: garbage, a wrong token, a replayed handshake, half-open connections --
 
 HELLO = struct.Struct("<IHH16sQQIHH")  # csrc/transport/wire.h: the 48-byte hello
-MAGIC, VERSION, KIND_HELLO = 0x4C43434D, 1, 1
+MAGIC, KIND_HELLO = 0x4C43434D, 1
+_WIRE_H = os.path.join(os.path.dirname(__file__), "..", "..", "csrc", "transport", "wire.h")
+# The header's version, so that a hello here fails only for what each test changes in it.
+VERSION = int(re.search(r"#define MCCL_PROTOCOL_VERSION (\d+)", open(_WIRE_H).read()).group(1))
 
 
 def _fnv1a(text: str) -> int:
@@ -405,6 +408,50 @@ def test_many_half_open_connections_do_not_lock_ranks_out():
                          pg_timeout_s=FLOOD_TIMEOUT_S, deadline_s=120, **FAST)
     for r, checks in enumerate(check_ok(results)):
         assert all(checks.values()), f"rank {r}: {checks}"
+
+
+def _allreduce_after_go(rank: int, world_size: int) -> dict:
+    if rank == world_size - 1:
+        raw_store().wait(["test/go"])  # the impostor claims this rank first
+    t = torch.full((1 << 20,), rank + 1, dtype=torch.int64)  # the ring: rank 0 receives from the last rank
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"error": None, "sum": int(t[0])}
+    except dist.DistBackendError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+
+
+def test_a_second_claim_to_a_rank_fails_every_rank_naming_both():
+    """An impostor that read the job token from the store (docs/FAILURES.md) dials rank 0 as the
+    last rank before that rank does. Rank 0 cannot tell which claimant is real: its communicator
+    fails, every rank (the real last rank included, refused as the second claimant) raises an error
+    naming the two claims within seconds, and nobody returns a sum built from the impostor's bytes."""
+    world, claimed = 3, 2
+
+    def drive(job):
+        bs = job.backend_store()
+        bs.wait(["mccl/pg/g0/token", "mccl/pg/g0/addr/0"], timedelta(seconds=60))
+        token, addr = bs.get("mccl/pg/g0/token"), bs.get("mccl/pg/g0/addr/0")
+        s = _connect(addr)
+        s.sendall(_hello(token, 0, claimed, world, 0))
+        ack = b""
+        while len(ack) < HELLO.size:
+            chunk = s.recv(HELLO.size - len(ack))
+            assert chunk, "rank 0 closed the impostor's connection before the real rank dialled"
+            ack += chunk
+        assert HELLO.unpack(ack)[2] == 2, "rank 0 answered the impostor's hello with something other than an ack"
+        job.store.set("test/go", "1")
+        return _closed_without_answer(s, within=30)  # what rank 0 sends it: the ABORT frame
+
+    results, told = run_job(_allreduce_after_go, world, store="tcp", driver=drive, pg_timeout_s=30, deadline_s=90,
+                            env={"MCCL_RUNTIME_CONNECT": "1"}, **FAST)
+    claim = f"two connections with the job token claim to be rank {claimed}"
+    assert claim.encode() in told, f"the impostor's link got {told[:200]!r}"
+    for r, out in enumerate(check_ok(results)):
+        assert out["error"] is not None, f"rank {r} returned an all-reduce ({out['sum']}) with an impostor linked"
+        assert claim in out["error"], f"rank {r}: {out['error']}"
+        assert out["seconds"] < 10, f"rank {r} raised after {out['seconds']:.1f} s"
 
 
 # ---- errors reach Python from wait(), from the Future and from callbacks --------------------------
