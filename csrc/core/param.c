@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/debug.h"
 
@@ -94,8 +95,57 @@ static mcclParam params[] = {
 
 static pthread_once_t params_once = PTHREAD_ONCE_INIT;
 
+extern char** environ;
+
+#define NPARAMS (sizeof(params) / sizeof(params[0]))
+
+/* Optimal string alignment distance (Levenshtein plus adjacent transpositions), ignoring case,
+ * capped: a result above `cap` means "more than cap". Names are short (< 64 bytes). */
+static int nameDistance(const char* a, size_t la, const char* b, size_t lb, int cap) {
+  enum { W = 64 };
+  if (la >= W || lb >= W) return cap + 1;
+  int d[W][W];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++)
+    for (size_t j = 1; j <= lb; j++) {
+      int ca = toupper((unsigned char)a[i - 1]), cb = toupper((unsigned char)b[j - 1]);
+      int best = d[i - 1][j - 1] + (ca != cb);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && ca == toupper((unsigned char)b[j - 2]) && toupper((unsigned char)a[i - 2]) == cb &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[la][lb];
+}
+
+/* A variable named like a parameter but not one (MCCL_RING_THRESHHOLD, mccl_algo) is most likely
+ * a misspelling that silently changes nothing: warn, naming the parameter it is nearest to. Other
+ * MCCL_* names are left alone: the Python tools have variables of their own (MCCL_CLUSTER_ID, ...). */
+static void warnNearMisses(void) {
+  for (char** e = environ; e != NULL && *e != NULL; e++) {
+    const char* eq = strchr(*e, '=');
+    size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+    if (len < 6 || strncasecmp(*e, "MCCL_", 5) != 0) continue;
+    const char* nearest = NULL;
+    int best = 3, known = 0; /* nearest: at most 2 edits away (a case difference counts as none) */
+    for (size_t i = 0; i < NPARAMS && !known; i++) {
+      size_t pl = strlen(params[i].name);
+      known = pl == len && strncmp(*e, params[i].name, len) == 0;
+      int dist = nameDistance(*e, len, params[i].name, pl, best);
+      if (dist < best) best = dist, nearest = params[i].name;
+    }
+    if (!known && nearest != NULL)
+      fprintf(stderr, "MCCL WARN %.*s is set but is no MCCL parameter, so it changes nothing; did you mean %s? "
+              "(docs/ENVIRONMENT.md)\n", (int)len, *e, nearest);
+  }
+}
+
 static void paramsInit(void) {
-  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++) {
+  warnNearMisses();
+  for (size_t i = 0; i < NPARAMS; i++) {
     mcclParam* p = &params[i];
     p->raw = getenv(p->name);
     p->value = p->default_value;
@@ -130,7 +180,7 @@ static void paramsInit(void) {
 
 static mcclParam* paramFind(const char* name) {
   pthread_once(&params_once, paramsInit);
-  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+  for (size_t i = 0; i < NPARAMS; i++)
     if (strcmp(params[i].name, name) == 0) return &params[i];
   return NULL;
 }
@@ -148,7 +198,7 @@ const char* mcclParamString(const char* name) {
 /* Called by the logger's one-time init, so it logs through mcclLog directly. */
 void mcclParamLogAll(void) {
   pthread_once(&params_once, paramsInit);
-  for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++)
+  for (size_t i = 0; i < NPARAMS; i++)
     if (params[i].raw != NULL)
       mcclLog(MCCL_LOG_INFO, MCCL_SUB_ENV, __FILE__, __LINE__,
               params[i].is_string ? "%s set by environment to %s" : "%s set by environment to %s: using %lld",
@@ -156,7 +206,7 @@ void mcclParamLogAll(void) {
 }
 
 MCCL_API const char* mcclGetEnvName(int index, int* is_string) {
-  if (index < 0 || (size_t)index >= sizeof(params) / sizeof(params[0])) return NULL;
+  if (index < 0 || (size_t)index >= NPARAMS) return NULL;
   if (is_string) *is_string = params[index].is_string;
   return params[index].name;
 }

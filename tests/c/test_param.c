@@ -2,7 +2,8 @@
  * test_param.c: MCCL_* integer parameters (csrc/core/param.c). The table is read once per
  * process, so every case runs in a child of its own that sets one variable, reads it back and
  * reports the value through a pipe: decimal with K/M/G suffixes, no octal, no wrap-around, and
- * the default (with a warning) for anything out of range or unparsable.
+ * the default (with a warning) for anything out of range or unparsable; a warning for a variable
+ * within two edits of a parameter's name.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -39,7 +40,49 @@ static void expectValue(const char* name, const char* raw, long long want) {
   EXPECT(got == want, "%s=%s reads as %lld, expected %lld", name, raw, got, want);
 }
 
+/* What this process's first parameter read writes to stderr when the environment holds `name`. */
+static void warningFor(const char* name, char* out, size_t cap) {
+  int fds[2];
+  out[0] = '\0';
+  if (pipe(fds) != 0) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 2);
+    setenv(name, "1", 1);
+    (void)mcclParamInt("MCCL_PIPELINE_DEPTH");
+    _exit(0);
+  }
+  close(fds[1]);
+  size_t got = 0;
+  ssize_t n;
+  while (got + 1 < cap && (n = read(fds[0], out + got, cap - 1 - got)) > 0) got += (size_t)n;
+  out[got] = '\0';
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+static void expectNearMiss(const char* name, const char* nearest) {
+  char err[1024], want[200];
+  warningFor(name, err, sizeof(err));
+  if (nearest == NULL) {
+    EXPECT(strstr(err, "is no MCCL parameter") == NULL, "%s: unexpected warning: %s", name, err);
+    return;
+  }
+  snprintf(want, sizeof(want), "%s is set but is no MCCL parameter, so it changes nothing; did you mean %s?", name,
+           nearest);
+  EXPECT(strstr(err, want) != NULL, "%s: expected \"%s\", stderr: %s", name, want, err);
+}
+
 int main(void) {
+  /* Misspelled parameters are named with the one they are nearest to; others are left alone. */
+  expectNearMiss("MCCL_RING_THRESHHOLD", "MCCL_RING_THRESHOLD"); /* an insertion */
+  expectNearMiss("MCCL_SEGMNET_BYTES", "MCCL_SEGMENT_BYTES");    /* a transposition */
+  expectNearMiss("mccl_algo", "MCCL_ALGO");                      /* case */
+  expectNearMiss("MCCL_PIPELINE_DEPT", "MCCL_PIPELINE_DEPTH");   /* a deletion */
+  expectNearMiss("MCCL_SEGMENT_BYTES", NULL);                    /* the parameter itself */
+  expectNearMiss("MCCL_CLUSTER_ID", NULL);                       /* a Python tool's variable */
+  expectNearMiss("MCCL_TEST_QUICK", NULL);
   const long long seg_default = 256 * 1024, depth_default = 4;
   expectValue("MCCL_SEGMENT_BYTES", "65536", 65536);
   expectValue("MCCL_SEGMENT_BYTES", "64K", 65536);
