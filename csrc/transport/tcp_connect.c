@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@ struct mcclConnector {
   char (*last_why)[MCCL_WHY_BYTES]; /* [nranks] why the last dial to each rank failed */
   int* slot_of;                     /* [cap + 1] pollfd entry - first -> slot (-1: the listener) */
   int runtime;                      /* init is over: dials start on demand and refusals count */
+  int64_t stranger_since;           /* strangerWarn's window: when it began (0: none yet) */
+  int stranger_logged, stranger_quiet; /* its lines logged, and connections left unlogged */
   char needs[400];                  /* descriptorNeeds, for the messages of descriptor limits */
 };
 
@@ -394,6 +397,43 @@ static void retryLater(mcclConnector* k, int peer, int64_t after_ms) {
   k->retry_at[peer] = mcclNowNs() + after_ms * 1000000LL;
 }
 
+/* Connections closed before their handshake (strangers, a flood, a listener out of slots) are
+ * logged one by one up to STRANGER_LINES per STRANGER_WINDOW_MS, then counted: the first line of
+ * the next window (or the connector's end) says how many went unlogged. */
+#define STRANGER_LINES 8
+#define STRANGER_WINDOW_MS 10000
+
+static void strangerQuietReport(mcclTransport* t, mcclConnector* k) {
+  if (k->stranger_quiet > 0)
+    WARN("rank %d: %d more connections were closed before their handshake in %.1f s (not logged one by one)",
+         t->rank, k->stranger_quiet, (double)(mcclNowNs() - k->stranger_since) / 1e9);
+  k->stranger_quiet = 0;
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void strangerWarn(mcclTransport* t, mcclConnector* k, const char* fmt, ...) {
+  int64_t now = mcclNowNs();
+  if (k->stranger_since == 0 || now - k->stranger_since >= STRANGER_WINDOW_MS * 1000000LL) {
+    strangerQuietReport(t, k);
+    k->stranger_since = now;
+    k->stranger_logged = 0;
+  }
+  if (k->stranger_logged >= STRANGER_LINES) {
+    k->stranger_quiet++;
+    return;
+  }
+  char line[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  k->stranger_logged++;
+  WARN("rank %d: %s%s", t->rank, line,
+       k->stranger_logged == STRANGER_LINES ? " (more such lines in the next 10 s are only counted)" : "");
+}
+
 static mcclResult_t connectorOpen(mcclTransport* t, int listen_fd, const mcclTransportAuth* auth) {
   mcclConnector* k = calloc(1, sizeof(*k));
   int n = t->nranks;
@@ -429,6 +469,7 @@ static mcclResult_t connectorOpen(mcclTransport* t, int listen_fd, const mcclTra
 void mcclConnectorFree(mcclTransport* t) {
   mcclConnector* k = t->connector;
   if (k == NULL) return;
+  strangerQuietReport(t, k);
   for (int i = 0; i < k->cap; i++) slotClose(k, &k->pend[i]);
   if (k->listen_fd >= 0) close(k->listen_fd);
   free(k->pend);
@@ -565,18 +606,18 @@ static mcclResult_t acceptAll(mcclTransport* t) {
     char text[MCCL_ADDR_STRLEN];
     mcclSockaddrFormat(&from, text, sizeof(text));
     if (slot < 0 && oldest >= 0 && mcclNowNs() - k->pend[oldest].since_ns >= PENDING_EVICT_AFTER_MS * 1000000LL) {
-      WARN("rank %d: closed connection from %s: no hello after %.1f s while more connections wait", t->rank,
+      strangerWarn(t, k, "closed connection from %s: no hello after %.1f s while more connections wait",
            k->pend[oldest].addr, (double)(mcclNowNs() - k->pend[oldest].since_ns) / 1e9);
       slotClose(k, &k->pend[oldest]);
       slot = oldest;
     }
     if (slot < 0) {
-      WARN("rank %d: refused connection from %s: too many unauthenticated connections", t->rank, text);
+      strangerWarn(t, k, "refused connection from %s: too many unauthenticated connections", text);
       close(fd);
       continue;
     }
     if (mcclSocketTune(fd) != 0) {
-      WARN("rank %d: closed connection from %s: setting its socket options failed: %s", t->rank, text,
+      strangerWarn(t, k, "closed connection from %s: setting its socket options failed: %s", text,
            strerror(errno));
       close(fd);
       continue;
@@ -697,7 +738,7 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
       slotClose(k, p);
       retryLater(k, p->peer, 100);
     } else {
-      WARN("rank %d: rejected connection from %s: %s", t->rank, p->addr, reject);
+      strangerWarn(t, k, "rejected connection from %s: %s", p->addr, reject);
       slotClose(k, p);
     }
   }

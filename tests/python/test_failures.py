@@ -391,7 +391,7 @@ FLOOD_TIMEOUT_S = 15
 FLOOD = 300  # more than the 256 unauthenticated connections a listener holds (tcp_connect.c)
 
 
-def test_many_half_open_connections_do_not_lock_ranks_out():
+def test_many_half_open_connections_do_not_lock_ranks_out(capfd):
     def drive(job):
         bs = job.backend_store()
         bs.wait(["mccl/pg/g0/addr/0"], timedelta(seconds=60))
@@ -408,6 +408,13 @@ def test_many_half_open_connections_do_not_lock_ranks_out():
                          pg_timeout_s=FLOOD_TIMEOUT_S, deadline_s=120, **FAST)
     for r, checks in enumerate(check_ok(results)):
         assert all(checks.values()), f"rank {r}: {checks}"
+    # The flood is logged in a few lines (tcp_connect.c strangerWarn), not one per connection.
+    err = capfd.readouterr().err.splitlines()
+    single = [line for line in err if re.search(r"rank 0: (refused|closed|rejected) connection from", line)]
+    counted = [int(m.group(1)) for line in err
+               if (m := re.search(r"rank 0: (\d+) more connections were closed before their handshake", line))]
+    assert 1 <= len(single) <= 8, f"{len(single)} lines for single connections: {single[:3]}"
+    assert counted and len(single) + sum(counted) >= FLOOD - 256, (single, counted)
 
 
 def _allreduce_after_go(rank: int, world_size: int) -> dict:
