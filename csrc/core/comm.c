@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "algo/select.h"
@@ -622,16 +623,28 @@ static mcclResult_t joinCheckRecord(const struct mcclComm* comm, const char* key
   return mcclSuccess;
 }
 
-/* The timeout's message: the ranks seen[] says joined, and those still missing. */
-static void joinTimedOut(const struct mcclComm* comm, const uint8_t* seen) {
+/* "2.5 s", or "40 ms" below a second. */
+static void formatSeconds(int64_t ms, char* out, size_t cap) {
+  if (ms < 1000) snprintf(out, cap, "%lld ms", (long long)ms);
+  else snprintf(out, cap, "%.1f s", (double)ms / 1000.0);
+}
+
+/* The timeout's message: the ranks seen[] says joined, and those still missing; `deadline` is the
+ * init's, so that the message gives the time actually waited (the checker stops early). */
+static void joinTimedOut(const struct mcclComm* comm, const uint8_t* seen, int64_t deadline, int checker) {
   const int n = comm->nranks;
-  char missing[200], present[200];
+  char missing[200], present[200], waited[32], timeout[32];
   int nmissing = rankList(seen, n, 0, missing, sizeof(missing));
   int npresent = rankList(seen, n, 1, present, sizeof(present));
-  mcclSetThreadError("mcclCommInitConfig: timed out after %.1f s waiting for the ranks of communicator '%s' to "
-                     "join: %d of %d joined (rank%s %s); still missing rank%s %s",
-                     (double)comm->timeout_ms / 1000.0, comm->label, npresent, n, npresent == 1 ? "" : "s",
-                     present, nmissing == 1 ? "" : "s", missing);
+  int64_t left_ms = (deadline - mcclNowNs()) / 1000000LL;
+  formatSeconds(comm->timeout_ms - (left_ms > 0 ? left_ms : 0), waited, sizeof(waited));
+  formatSeconds(comm->timeout_ms, timeout, sizeof(timeout));
+  mcclSetThreadError("mcclCommInitConfig: timed out after %s%s%s%s waiting for the ranks of communicator '%s' to "
+                     "join: %d of %d joined (rank%s %s); still missing rank%s %s", waited,
+                     checker ? " (the group's timeout is " : "", checker ? timeout : "",
+                     checker ? ", less the margin that lets this rank's verdict reach the others in time)" : "",
+                     comm->label, npresent, n, npresent == 1 ? "" : "s", present, nmissing == 1 ? "" : "s",
+                     missing);
 }
 
 /* Publish this rank's join record under `slot` and check the join (see above): the rank holding
@@ -671,7 +684,7 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
     snprintf(key, sizeof(key), "mccl/%s/join/%lld", comm->name, (long long)s);
     snprintf(what, sizeof(what), "the join record of store slot %lld", (long long)s);
     res = storeGet(store, key, text, sizeof(text) - 1, &len, early, what);
-    if (res == mcclTimeout) joinTimedOut(comm, seen); /* the slots after `s` are taken later, if at all */
+    if (res == mcclTimeout) joinTimedOut(comm, seen, deadline, checker); /* later slots: later, if at all */
     if (res != mcclSuccess) break;
     text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
     res = joinCheckRecord(comm, key, text, s, seen, seen_at, &span, reason, sizeof(reason));
@@ -704,14 +717,18 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
           if (sscanf(text, "rank %d of %d", &r, &rn) == 2 && rn == n && r >= 0 && r < n) seen[r] = 1;
         }
       }
-      joinTimedOut(comm, seen);
+      joinTimedOut(comm, seen, deadline, 0);
     } else if (res == mcclSuccess) {
       text[len < sizeof(text) ? len : sizeof(text) - 1] = '\0';
       int code = 0, used = 0;
       if (strcmp(text, "ok") == 0) {
         res = mcclSuccess;
       } else if (text[0] == '!' && sscanf(text + 1, "%d %n", &code, &used) == 1 && code > 0 && code < mcclNumResults) {
-        mcclSetThreadError("mcclCommInitConfig: %s", text + 1 + used);
+        int by = -1; /* the checker: the rank whose record holds the first slot */
+        for (int r = 0; r < n && by < 0; r++)
+          if (seen[r] && seen_at[r] == first) by = r;
+        mcclSetThreadError("mcclCommInitConfig: rank %d, which checks the join (the first to arrive), failed it%s: %s",
+                           by, code == mcclTimeout ? " (what it had seen when it gave up)" : "", text + 1 + used);
         res = (mcclResult_t)code;
       } else {
         mcclSetThreadError("mcclCommInitConfig: store key '%s' holds '%.60s', not a join verdict: another program "
@@ -726,6 +743,32 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
 }
 
 /* A NULL argument of a communicator call: the thread's last error names it. */
+/* At most this long, a rank 0 whose init failed waits for the other ranks to fail too (below). */
+#define MCCL_INIT_LINGER_MS 5000
+
+/* A failed init's last step, once every rank has joined the group's generation (`prefix`). Every
+ * other rank counts itself in <prefix>/failed; rank 0 waits until the count reaches n - 1, at most
+ * MCCL_INIT_LINGER_MS and not much past the deadline (a rank that was killed never counts). Rank 0's process often hosts the store
+ * (torch's TCPStore with env:// outside torchrun): if it returned at once and its process exited,
+ * the other ranks would lose the store before reading why (the table's '!', the join verdict, the
+ * init failure key) and fail on "the store's connection closed" instead of the cause. */
+static void initFailedLinger(const mcclStore_t* store, const char* prefix, int rank, int nranks, int64_t deadline) {
+  char key[256];
+  int64_t count = 0;
+  snprintf(key, sizeof(key), "%s/failed", prefix);
+  if (rank != 0) {
+    store->add(store->ctx, key, 1, &count); /* best effort: the store may be what failed */
+    return;
+  }
+  const int64_t now = mcclNowNs(), left = deadline > now ? deadline - now : 0;
+  const int64_t cap = MCCL_INIT_LINGER_MS * 1000000LL, grace = left + 1000000000LL;
+  const int64_t until = now + (grace < cap ? grace : cap);
+  while (store->add(store->ctx, key, 0, &count) == mcclSuccess && count < nranks - 1 && mcclNowNs() < until) {
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static mcclResult_t nullArgument(const char* fn, const char* arg) {
   mcclSetThreadError("%s: %s is NULL", fn, arg);
   return mcclInvalidArgument;
@@ -790,6 +833,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   mcclResult_t res = mcclSuccess;
   int listen_fd = -1;
   int publish_failure = 0, addr_published = 0; /* see initPublishFailure */
+  int joined = 0; /* every rank is in this generation: see initFailedLinger */
   char (*addrs)[MCCL_ADDR_STRLEN] = calloc((size_t)comm->nranks, MCCL_ADDR_STRLEN);
   rankRecord* recs = calloc((size_t)comm->nranks, sizeof(rankRecord));
   char key[256], prefix[200];
@@ -806,6 +850,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->generation = (uint64_t)((counter - 1) / comm->nranks);
   snprintf(prefix, sizeof(prefix), "mccl/%s/g%llu", comm->name, (unsigned long long)comm->generation);
   MCCLCHECKGOTO(joinGroup(comm, store, counter, deadline), res, fail);
+  joined = 1;
 
   if (comm->nranks > 1) {
     mcclTransportAuth auth;
@@ -954,7 +999,9 @@ fail:
   free(recs);
   WARN("rank %d: init of communicator '%s' failed: %s", cfg->rank, comm->label,
        mcclThreadError());
-  commFree(comm);
+  const int rank = comm->rank, nranks = comm->nranks;
+  commFree(comm); /* its sockets close first: peers connected to it see that at once */
+  if (joined && nranks > 1) initFailedLinger(store, prefix, rank, nranks, deadline);
   return res;
 }
 

@@ -114,6 +114,11 @@ static int missingRank(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(res == mcclTimeout, "rank %d: got %s: %s", r, mcclGetErrorString(res), msg);
   EXPECT(took > 1.3 && took < 4.0, "rank %d timed out after %.1f s (timeout 1.5 s)", r, took);
   EXPECT(strstr(msg, "2 of 3 joined (ranks 0, 1); still missing rank 2") != NULL, "rank %d: %s", r, msg);
+  /* The time actually waited, not the timeout: the rank that checks the join stops early. */
+  const char* at = strstr(msg, "timed out after ");
+  double said = -1;
+  EXPECT(at != NULL && sscanf(at, "timed out after %lf s", &said) == 1 && said >= 1.2 && said <= 1.5,
+         "rank %d: the message says it waited %.2f s (timeout 1.5 s): %s", r, said, msg);
   return 0;
 }
 

@@ -136,3 +136,36 @@ def test_a_setting_that_differs_between_ranks_fails_every_rank_at_init(var, valu
         assert f"{var} is " in r.error and "on rank 2 but" in r.error and "on rank 0" in r.error, r.error
         assert f"every rank of a job must be given the same {var}" in r.error, r.error
         assert r.elapsed < 20, (r.rank, r.elapsed)
+
+
+def _init_where_rank0_hosts_the_store(rank: int, world_size: int, port: int, var: str, value: str) -> str:
+    import socket  # noqa: F401
+    from datetime import timedelta
+
+    import mccl  # noqa: F401
+
+    if rank == 0:
+        os.environ[var] = value
+    # As torch's env:// init does outside torchrun: rank 0's process is the store's server.
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    try:
+        dist.init_process_group("mccl", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=20))
+    except Exception as exc:  # returned at once: rank 0's process exits, and its store with it
+        return f"raised: {exc}"
+    return "initialised"
+
+
+def test_a_differing_setting_on_rank_0_is_named_on_every_rank_even_when_rank_0_hosts_the_store():
+    """Found by a fresh-eyes test: rank 0 read the table, failed init and exited, taking the store
+    down before the others had read the table; they failed on "the store's connection closed",
+    without the cause. Rank 0 now waits (core/comm.c initFailedLinger) until the others have failed."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    values = check_ok(run_ranks(_init_where_rank0_hosts_the_store, 3, port, "MCCL_RING_THRESHOLD", "1K",
+                                backend=None, deadline_s=60))
+    for r, v in enumerate(values):
+        assert "MCCL_RING_THRESHOLD is " in v and "on rank 0" in v, (r, v)
