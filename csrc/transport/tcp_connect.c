@@ -300,12 +300,18 @@ static mcclResult_t meshReady(mcclTransport* t, const mcclTransportAuth* auth, c
     }
     int64_t wait_ms = (deadline_ns - now) / 1000000LL;
     if (wait_ms > 50) wait_ms = 50;
+    /* The listener too: every peer is linked, so a valid hello now claims a linked rank (an
+     * impostor that connected first, tcp_connect.c claimedTwice) and fails the mesh, naming both. */
+    const int nlinks = np;
+    if ((res = mcclConnectorPollAdd(t, t->pfds, &np, &wait_ms)) != mcclSuccess) goto done;
     if (wait_ms < 1) wait_ms = 1;
     if (poll(t->pfds, (nfds_t)np, (int)wait_ms) < 0 && errno != EINTR) {
       snprintf(t->error, sizeof(t->error), "poll() failed: %s", strerror(errno));
       res = mcclSystemError;
       goto done;
     }
+    if ((res = mcclConnectorHandle(t, t->pfds, nlinks, np)) != mcclSuccess) goto done;
+    np = nlinks;
     for (int k = 0; k < np; k++) {
       int r = t->pfd_peer[k], fd = t->conns[r].fd;
       short re = t->pfds[k].revents;

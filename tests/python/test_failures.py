@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import struct
+import tempfile
 import time
 from datetime import timedelta
 
@@ -381,17 +382,25 @@ def _init_once_held(rank: int, world_size: int) -> dict:
     store = raw_store()
     # The same hold as above, for generation 0.
     hold = _HoldBeforeDialling(store, "mccl/pg/g0/ranks") if rank == world_size - 1 else store
-    dist.init_process_group("mccl", store=hold, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=FLOOD_TIMEOUT_S))
+    log = tempfile.TemporaryFile()  # this rank's stderr during init: the library's log lines
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        dist.init_process_group("mccl", store=hold, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=FLOOD_TIMEOUT_S))
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
     notify("initialised")
-    return _collectives_exact(rank, world_size)
+    log.seek(0)
+    return {"checks": _collectives_exact(rank, world_size), "log": log.read().decode(errors="replace")}
 
 
 FLOOD_TIMEOUT_S = 15
 FLOOD = 300  # more than the 256 unauthenticated connections a listener holds (tcp_connect.c)
 
 
-def test_many_half_open_connections_do_not_lock_ranks_out(capfd):
+def test_many_half_open_connections_do_not_lock_ranks_out():
     def drive(job):
         bs = job.backend_store()
         bs.wait(["mccl/pg/g0/addr/0"], timedelta(seconds=60))
@@ -406,10 +415,11 @@ def test_many_half_open_connections_do_not_lock_ranks_out(capfd):
 
     results, _ = run_job(_init_once_held, WORLD, backend=None, store="tcp", driver=drive,
                          pg_timeout_s=FLOOD_TIMEOUT_S, deadline_s=120, **FAST)
-    for r, checks in enumerate(check_ok(results)):
-        assert all(checks.values()), f"rank {r}: {checks}"
+    values = check_ok(results)
+    for r, v in enumerate(values):
+        assert all(v["checks"].values()), f"rank {r}: {v['checks']}"
     # The flood is logged in a few lines (tcp_connect.c strangerWarn), not one per connection.
-    err = capfd.readouterr().err.splitlines()
+    err = values[0]["log"].splitlines()
     single = [line for line in err if re.search(r"rank 0: (refused|closed|rejected) connection from", line)]
     counted = [int(m.group(1)) for line in err
                if (m := re.search(r"rank 0: (\d+) more connections were closed before their handshake", line))]
@@ -459,6 +469,48 @@ def test_a_second_claim_to_a_rank_fails_every_rank_naming_both():
         assert out["error"] is not None, f"rank {r} returned an all-reduce ({out['sum']}) with an impostor linked"
         assert claim in out["error"], f"rank {r}: {out['error']}"
         assert out["seconds"] < 10, f"rank {r} raised after {out['seconds']:.1f} s"
+
+
+def _init_last_rank_held(rank: int, world_size: int) -> dict:
+    import mccl  # noqa: F401
+
+    store = raw_store()
+    if rank == world_size - 1:
+        store = _HoldBeforeDialling(store, "mccl/pg/g0/ranks")
+    start = time.monotonic()
+    try:
+        dist.init_process_group("mccl", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=30))
+        return {"error": None}
+    except Exception as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+
+
+def test_a_second_claim_during_init_fails_every_rank_naming_both():
+    """The same with the eager mesh (the default up to 16 ranks): the impostor claims the last rank
+    at rank 0 while that rank is held before it dials; rank 0 has every link then, and finds the
+    real rank's hello on its listener while it waits for READY."""
+    world, claimed = 3, 2
+
+    def drive(job):
+        bs = job.backend_store()
+        bs.wait(["mccl/pg/g0/token", "mccl/pg/g0/addr/0"], timedelta(seconds=60))
+        token, addr = bs.get("mccl/pg/g0/token"), bs.get("mccl/pg/g0/addr/0")
+        s = _connect(addr)
+        s.sendall(_hello(token, 0, claimed, world, 0))
+        ack = b""
+        while len(ack) < HELLO.size:
+            chunk = s.recv(HELLO.size - len(ack))
+            assert chunk, "rank 0 closed the impostor's connection before the real rank dialled"
+            ack += chunk
+        job.store.set("test/go", "1")
+        _closed_without_answer(s, within=30)
+
+    results, _ = run_job(_init_last_rank_held, world, backend=None, store="tcp", driver=drive, pg_timeout_s=30,
+                         deadline_s=90, **FAST)
+    claim = f"two connections with the job token claim to be rank {claimed}"
+    for r, out in enumerate(check_ok(results)):
+        assert out["error"] is not None, f"rank {r} finished init with an impostor linked"
+        assert claim in out["error"], f"rank {r}: {out['error']}"
 
 
 # ---- errors reach Python from wait(), from the Future and from callbacks --------------------------
