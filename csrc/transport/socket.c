@@ -189,14 +189,26 @@ static int noSigpipe(int fd) {
 #endif
 }
 
-/* MCCL_TCP_CONGESTION on `fd`: 0 when it is unset or taken, else -1 with errno (Linux; elsewhere
- * there is no such option and the variable is refused at listen). */
-static int setCongestion(int fd) {
+/* The congestion control of this rank's sockets (socket.h): MCCL_TCP_CONGESTION; unset, cubic
+ * where the system lets a socket choose (MCCL_DEFAULT_CONGESTION); "system", the system's. */
+#define MCCL_DEFAULT_CONGESTION "cubic"
+
+/* It on `fd`: 0 when taken, or when nothing is asked, or when the default is refused (the socket
+ * keeps the system's, *default_refused says so); -1 with errno when a value the user set is
+ * refused (elsewhere than Linux there is no such option: a set value is refused at listen). */
+static int setCongestion(int fd, int* default_refused) {
   const char* cc = mcclParamString("MCCL_TCP_CONGESTION");
-  if (cc == NULL || cc[0] == '\0') return 0;
+  const int given = cc != NULL && cc[0] != '\0';
+  if (default_refused != NULL) *default_refused = 0;
+  if (given && strcmp(cc, "system") == 0) return 0;
 #ifdef TCP_CONGESTION
-  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc));
+  if (!given) cc = MCCL_DEFAULT_CONGESTION;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) == 0) return 0;
+  if (given) return -1;
+  if (default_refused != NULL) *default_refused = 1;
+  return 0;
 #else
+  if (!given) return 0;
   errno = ENOPROTOOPT;
   return -1;
 #endif
@@ -214,7 +226,7 @@ int mcclSocketTune(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof(bufsize));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof(bufsize));
   }
-  setCongestion(fd); /* the listener's succeeded (mcclSocketListen), so this one does too */
+  setCongestion(fd, NULL); /* as the listener's did (mcclSocketListen) */
   return 0;
 }
 
@@ -304,7 +316,8 @@ mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
   }
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (setCongestion(fd) != 0) { /* checked here, once, so that every connection can take it */
+  int default_refused = 0;
+  if (setCongestion(fd, &default_refused) != 0) { /* checked here, once, so that every connection can take it */
     mcclSocketErrorText(errno, why, sizeof(why));
     mcclSetThreadError("MCCL_TCP_CONGESTION=%s: this system refuses it for a socket (%s); "
                        "/proc/sys/net/ipv4/tcp_available_congestion_control lists what is loaded, "
@@ -313,6 +326,9 @@ mcclResult_t mcclSocketListen(mcclSockaddr* addr, int* out) {
     close(fd);
     return mcclInvalidArgument;
   }
+  if (default_refused)
+    INFO(MCCL_SUB_NET, "this system refuses TCP congestion control %s for a socket (%s): the connections keep the "
+         "system's default", MCCL_DEFAULT_CONGESTION, strerror(errno));
   if (bind(fd, &addr->sa, mcclSockaddrLen(addr)) != 0 || listen(fd, 1024) != 0) {
     int err = errno;
     mcclSockaddrFormat(addr, text, sizeof(text));

@@ -233,12 +233,28 @@ def _link_congestion(rank: int, world_size: int) -> list:
 
 
 @pytest.mark.skipif(not hasattr(__import__("socket"), "TCP_CONGESTION"), reason="TCP_CONGESTION is Linux's")
-def test_mccl_tcp_congestion_sets_every_link_and_refuses_what_the_kernel_refuses():
+def test_mccl_tcp_congestion_sets_every_link_defaults_to_cubic_and_refuses_what_the_kernel_refuses():
     # reno is built into every Linux kernel and allowed to every process.
     for names in check_ok(run_ranks(_link_congestion, 3, env={"MCCL_TCP_CONGESTION": "reno"}, deadline_s=60)):
         # The links to the 2 peers, dialled and accepted (the store is a file here), and the
         # listener where it stays open (MCCL_RUNTIME_CONNECT=1).
         assert len(names) >= 2 and set(names) == {"reno"}, names
+    # Unset: cubic where a socket may choose it (socket.h says why), else the system's default;
+    # "system": the system's default. (On the machine this was written on the default is bbr.)
+    import socket
+
+    system = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    probe = socket.socket()
+    try:
+        probe.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic")
+        default = "cubic"
+    except OSError:
+        default = system
+    finally:
+        probe.close()
+    for env, want in (({}, default), ({"MCCL_TCP_CONGESTION": "system"}, system)):
+        for names in check_ok(run_ranks(_link_congestion, 3, env=env, deadline_s=60)):
+            assert len(names) >= 2 and set(names) == {want}, (env, names)
     results = run_ranks(_link_congestion, 2, env={"MCCL_TCP_CONGESTION": "no-such-cc"}, deadline_s=60, pg_timeout_s=20)
     for r in results:
         assert not r.ok and "MCCL_TCP_CONGESTION=no-such-cc: this system refuses it" in r.error, r.error
