@@ -742,16 +742,16 @@ static mcclResult_t joinGroup(const struct mcclComm* comm, const mcclStore_t* st
   return res;
 }
 
-/* A NULL argument of a communicator call: the thread's last error names it. */
 /* At most this long, a rank 0 whose init failed waits for the other ranks to fail too (below). */
 #define MCCL_INIT_LINGER_MS 5000
 
 /* A failed init's last step, once every rank has joined the group's generation (`prefix`). Every
  * other rank counts itself in <prefix>/failed; rank 0 waits until the count reaches n - 1, at most
- * MCCL_INIT_LINGER_MS and not much past the deadline (a rank that was killed never counts). Rank 0's process often hosts the store
- * (torch's TCPStore with env:// outside torchrun): if it returned at once and its process exited,
- * the other ranks would lose the store before reading why (the table's '!', the join verdict, the
- * init failure key) and fail on "the store's connection closed" instead of the cause. */
+ * MCCL_INIT_LINGER_MS and not much past the deadline (a rank that was killed never counts).
+ * Rank 0's process often hosts the store (torch's TCPStore with env:// outside torchrun): if it
+ * returned at once and its process exited, the other ranks would lose the store before reading
+ * why (the table's '!', the init failure key) and fail on "the store's connection closed"
+ * instead of the cause. */
 static void initFailedLinger(const mcclStore_t* store, const char* prefix, int rank, int nranks, int64_t deadline) {
   char key[256];
   int64_t count = 0;
@@ -769,6 +769,7 @@ static void initFailedLinger(const mcclStore_t* store, const char* prefix, int r
   }
 }
 
+/* A NULL argument of a communicator call: the thread's last error names it. */
 static mcclResult_t nullArgument(const char* fn, const char* arg) {
   mcclSetThreadError("%s: %s is NULL", fn, arg);
   return mcclInvalidArgument;

@@ -45,8 +45,9 @@ mcclResult_t mcclFindLocalAddress(const char* peer_hint, mcclSockaddr* addr, cha
  * Congestion control: MCCL_TCP_CONGESTION when set ("system": the system's default); unset, cubic
  * where the system lets a socket choose it (Linux; else the system's, logged at INFO). Why cubic:
  * on the 8-host testbed whose system default is BBR, mccl's 16-256 MiB all-reduce reached
- * 99.6-99.8% of goodput with cubic sockets and 95.3-96.7% without, in one run alternating with
- * gloo (bench/NOTES.md, 2026-12-06); macOS, the fleet's system, runs cubic already. */
+ * 99.6-99.8% of goodput with cubic sockets and 95.3-96.7% without, in one device call whose
+ * stages each alternated with gloo (bench/NOTES.md, 2026-12-06); macOS, the fleet's system, runs
+ * cubic already. */
 int mcclSocketTune(int fd);
 
 /* A new TCP socket of `family` (AF_INET or AF_INET6), blocking, close-on-exec from the start

@@ -214,10 +214,11 @@ typedef struct {
  * hello/ack handshake in both directions, until `deadline_ns` (mcclNowNs clock). Connections that
  * fail the handshake (strangers, wrong token or generation, out-of-range ranks) are closed and
  * logged; the mesh goes on. A second valid hello for a rank that has one (an impostor holding
- * the job token, tcp_connect.c claimedTwice) fails the mesh, naming both addresses. `peer_addrs[r]` is rank r's published address. Once its
- * own connections are open a rank sends READY on each and returns only when every peer has sent
- * its READY, so that no rank's init succeeds while another's fails. The transport owns
- * `listen_fd` from the call on, whatever it returns.
+ * the job token, tcp_connect.c claimedTwice) fails the mesh, naming both addresses.
+ * `peer_addrs[r]` is rank r's published address. Once its own connections are open a rank sends
+ * READY on each and returns only when every peer has sent its READY, so that no rank's init
+ * succeeds while another's fails. The transport owns `listen_fd` from the call on, whatever it
+ * returns.
  *
  * With `runtime_connect` set, nothing is dialled here: the transport keeps `listen_fd` and
  * connects to a peer when a transfer with it is first posted (NCCL's runtime connection), so a

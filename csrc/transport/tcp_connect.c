@@ -640,7 +640,6 @@ static mcclResult_t acceptAll(mcclTransport* t) {
   return mcclSuccess;
 }
 
-/* One step of a slot's handshake, its socket being ready for it. */
 /* A second connection whose hello carries the job's token claims `rank`, which another connection
  * (from `first`, NULL: the rank's link) claimed already. A rank dials a peer again only after its
  * last connection to it failed, so one of the two is not that rank: a process that read the token
@@ -664,6 +663,7 @@ static mcclResult_t claimedTwice(mcclTransport* t, mcclPending* p, int rank, con
   return mcclProtocolError;
 }
 
+/* One step of a slot's handshake, its socket being ready for it. */
 static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
   mcclConnector* k = t->connector;
   char why[160];
@@ -861,6 +861,19 @@ void mcclConnectorFailing(mcclTransport* t) {
   }
 }
 
+/* A hello (a NOTICE, or an ACK) and then the ABORT frame (`hdr`, `len` bytes of reason), in one
+ * non-blocking write: 0 when all of it went, else -1. */
+static int helloAndAbort(int fd, const uint8_t hello[MCCL_HELLO_BYTES], const uint8_t* hdr, const char* reason,
+                         size_t len) {
+  struct iovec iov[3] = {{(void*)hello, MCCL_HELLO_BYTES}, {(void*)hdr, MCCL_FRAME_BYTES}, {(void*)reason, len}};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 3;
+  ssize_t n = sendmsg(fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
+  return n == (ssize_t)(MCCL_HELLO_BYTES + MCCL_FRAME_BYTES + len) ? 0 : -1;
+}
+
 void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char* reason, size_t len) {
   mcclConnector* k = t->connector;
   if (k == NULL) return;
@@ -869,13 +882,7 @@ void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char
     if (p->fd < 0 || p->state != PEND_CLAIMED) continue;
     uint8_t ack[MCCL_HELLO_BYTES];
     helloMake(t, &k->auth, MCCL_HELLO_KIND_ACK, p->peer, ack);
-    struct iovec iov[3] = {{ack, sizeof(ack)}, {(void*)hdr, MCCL_FRAME_BYTES}, {(void*)reason, len}};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 3;
-    ssize_t ignored = sendmsg(p->fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT); /* a fresh socket's buffer */
-    (void)ignored;
+    (void)helloAndAbort(p->fd, ack, hdr, reason, len); /* a fresh socket's buffer takes it */
     shutdown(p->fd, SHUT_WR); /* its hello was read whole: closing sends no reset */
     slotClose(k, p);
   }
@@ -897,11 +904,5 @@ int mcclConnectorNoticeSend(mcclTransport* t, int fd, int peer, const uint8_t* h
   if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) return -1;
   uint8_t hello[MCCL_HELLO_BYTES];
   helloMake(t, &t->connector->auth, MCCL_HELLO_KIND_NOTICE, peer, hello);
-  struct iovec iov[3] = {{hello, sizeof(hello)}, {(void*)hdr, MCCL_FRAME_BYTES}, {(void*)reason, len}};
-  struct msghdr msg;
-  memset(&msg, 0, sizeof(msg));
-  msg.msg_iov = iov;
-  msg.msg_iovlen = 3;
-  ssize_t n = sendmsg(fd, &msg, MCCL_MSG_NOSIGNAL | MSG_DONTWAIT);
-  return n == (ssize_t)(sizeof(hello) + MCCL_FRAME_BYTES + len) ? 0 : -1;
+  return helloAndAbort(fd, hello, hdr, reason, len);
 }

@@ -439,6 +439,23 @@ def _allreduce_after_go(rank: int, world_size: int) -> dict:
         return {"error": str(exc), "seconds": time.monotonic() - start}
 
 
+def _claim_at_rank_0(job, claimed: int, world: int) -> socket.socket:
+    """The impostor: reads the job token from the store, dials rank 0 with a valid hello as rank
+    `claimed`, and returns its connection once rank 0 has acked it (taken it as that rank's link)."""
+    bs = job.backend_store()
+    bs.wait(["mccl/pg/g0/token", "mccl/pg/g0/addr/0"], timedelta(seconds=60))
+    token, addr = bs.get("mccl/pg/g0/token"), bs.get("mccl/pg/g0/addr/0")
+    s = _connect(addr)
+    s.sendall(_hello(token, 0, claimed, world, 0))
+    ack = b""
+    while len(ack) < HELLO.size:
+        chunk = s.recv(HELLO.size - len(ack))
+        assert chunk, "rank 0 closed the impostor's connection before the real rank dialled"
+        ack += chunk
+    assert HELLO.unpack(ack)[2] == 2, "rank 0 answered the impostor's hello with something other than an ack"
+    return s
+
+
 def test_a_second_claim_to_a_rank_fails_every_rank_naming_both():
     """An impostor that read the job token from the store (docs/FAILURES.md) dials rank 0 as the
     last rank before that rank does. Rank 0 cannot tell which claimant is real: its communicator
@@ -447,17 +464,7 @@ def test_a_second_claim_to_a_rank_fails_every_rank_naming_both():
     world, claimed = 3, 2
 
     def drive(job):
-        bs = job.backend_store()
-        bs.wait(["mccl/pg/g0/token", "mccl/pg/g0/addr/0"], timedelta(seconds=60))
-        token, addr = bs.get("mccl/pg/g0/token"), bs.get("mccl/pg/g0/addr/0")
-        s = _connect(addr)
-        s.sendall(_hello(token, 0, claimed, world, 0))
-        ack = b""
-        while len(ack) < HELLO.size:
-            chunk = s.recv(HELLO.size - len(ack))
-            assert chunk, "rank 0 closed the impostor's connection before the real rank dialled"
-            ack += chunk
-        assert HELLO.unpack(ack)[2] == 2, "rank 0 answered the impostor's hello with something other than an ack"
+        s = _claim_at_rank_0(job, claimed, world)
         job.store.set("test/go", "1")
         return _closed_without_answer(s, within=30)  # what rank 0 sends it: the ABORT frame
 
@@ -492,16 +499,7 @@ def test_a_second_claim_during_init_fails_every_rank_naming_both():
     world, claimed = 3, 2
 
     def drive(job):
-        bs = job.backend_store()
-        bs.wait(["mccl/pg/g0/token", "mccl/pg/g0/addr/0"], timedelta(seconds=60))
-        token, addr = bs.get("mccl/pg/g0/token"), bs.get("mccl/pg/g0/addr/0")
-        s = _connect(addr)
-        s.sendall(_hello(token, 0, claimed, world, 0))
-        ack = b""
-        while len(ack) < HELLO.size:
-            chunk = s.recv(HELLO.size - len(ack))
-            assert chunk, "rank 0 closed the impostor's connection before the real rank dialled"
-            ack += chunk
+        s = _claim_at_rank_0(job, claimed, world)
         job.store.set("test/go", "1")
         _closed_without_answer(s, within=30)
 
