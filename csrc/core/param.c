@@ -99,11 +99,11 @@ extern char** environ;
 
 #define NPARAMS (sizeof(params) / sizeof(params[0]))
 
-/* Optimal string alignment distance (Levenshtein plus adjacent transpositions), ignoring case,
- * capped: a result above `cap` means "more than cap". Names are short (< 64 bytes). */
-static int nameDistance(const char* a, size_t la, const char* b, size_t lb, int cap) {
+/* Optimal string alignment distance (Levenshtein plus adjacent transpositions), ignoring case.
+ * Parameter names are short: a name of W bytes or more is taken as W away from everything. */
+static int nameDistance(const char* a, size_t la, const char* b, size_t lb) {
   enum { W = 64 };
-  if (la >= W || lb >= W) return cap + 1;
+  if (la >= W || lb >= W) return W;
   int d[W][W];
   for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
   for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
@@ -134,7 +134,7 @@ static void warnNearMisses(void) {
     for (size_t i = 0; i < NPARAMS && !known; i++) {
       size_t pl = strlen(params[i].name);
       known = pl == len && strncmp(*e, params[i].name, len) == 0;
-      int dist = nameDistance(*e, len, params[i].name, pl, best);
+      int dist = nameDistance(*e, len, params[i].name, pl);
       if (dist < best) best = dist, nearest = params[i].name;
     }
     if (!known && nearest != NULL)

@@ -436,8 +436,11 @@ static void strangerWarn(mcclTransport* t, mcclConnector* k, const char* fmt, ..
   vsnprintf(line, sizeof(line), fmt, ap);
   va_end(ap);
   k->stranger_logged++;
-  WARN("rank %d: %s%s", t->rank, line,
-       k->stranger_logged == STRANGER_LINES ? " (more such lines in the next 10 s are only counted)" : "");
+  if (k->stranger_logged == STRANGER_LINES)
+    WARN("rank %d: %s (more such lines in this %d s window are only counted)", t->rank, line,
+         STRANGER_WINDOW_MS / 1000);
+  else
+    WARN("rank %d: %s", t->rank, line);
 }
 
 static mcclResult_t connectorOpen(mcclTransport* t, int listen_fd, const mcclTransportAuth* auth) {

@@ -139,7 +139,6 @@ def test_a_setting_that_differs_between_ranks_fails_every_rank_at_init(var, valu
 
 
 def _init_where_rank0_hosts_the_store(rank: int, world_size: int, port: int, var: str, value: str) -> str:
-    import socket  # noqa: F401
     from datetime import timedelta
 
     import mccl  # noqa: F401

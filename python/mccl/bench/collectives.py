@@ -328,8 +328,8 @@ def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size:
             out.zero_()
         redop = REDOPS[args.redop]
         runtime.trim_heap()
-        rss_before = runtime.current_rss()
-        maps_before = runtime.rss_by_mapping()  # what grew, for the JSON (per_rank.rss_grown)
+        maps_before = runtime.rss_by_mapping()  # what grew, for the JSON (per_rank.rss_grown): read
+        rss_before = runtime.current_rss()      # first, so that its own memory is not counted as +RSS
         peak_reset = runtime.reset_peak_rss()
         for _ in range(args.warmup):
             if delay:
