@@ -412,6 +412,19 @@ class Completer {
   }
   static void forgetAfterFork() { instance_ = new Completer(); }
 
+  // Python's atexit, before the interpreter starts finalizing (mccl/__init__.py registers it):
+  // waits out the tasks posted so far (drain), and from then on a finished task leaves its
+  // captures (the Work and its tensors) to the exiting process instead of dropping them. Dropping
+  // a reference to a tensor that Python also holds takes the GIL (torch decrefs its PyObject); a
+  // thread that takes the GIL while the interpreter finalizes is ended by Python (pthread_exit),
+  // and ending it inside a destructor aborts the process ("terminate called without an active
+  // exception"). That is what a script that exits right after its last collective, without
+  // destroy_process_group, risked.
+  static void atExit(std::chrono::milliseconds limit) {
+    exiting_.store(true, std::memory_order_release);
+    get().drain(limit);
+  }
+
   // Until every task posted so far has run to its end (a task may still drop the last references
   // to tensors after its Work's waiters were released), or `limit` passed. Called when a process
   // group shuts down, so that no pool thread still touches tensors (freeing one that Python owns
@@ -460,7 +473,12 @@ class Completer {
       running_++;
       lock.unlock();
       task();
-      task = nullptr;  // the captured Work and its tensors go here, before the count drops
+      // The captured Work and its tensors go here, before the count drops; after atExit they
+      // are left to the exiting process (leaked on purpose: see atExit).
+      if (exiting_.load(std::memory_order_acquire))
+        (void)new std::function<void()>(std::move(task));
+      else
+        task = nullptr;
       lock.lock();
       running_--;
       if (tasks_.empty()) drained_.notify_all();
@@ -468,6 +486,7 @@ class Completer {
   }
 
   static thread_local bool tl_in_pool;
+  static std::atomic<bool> exiting_;
   static Completer* instance_;
   std::mutex mu_;
   std::condition_variable cv_, drained_;
@@ -478,6 +497,7 @@ class Completer {
 };
 
 thread_local bool Completer::tl_in_pool = false;
+std::atomic<bool> Completer::exiting_{false};
 Completer* Completer::instance_ = nullptr;
 
 namespace {
@@ -1275,5 +1295,7 @@ void ProcessGroupMCCL::shutdown() {
   if (mcclComm_t c = takeComm()) mcclCommDestroy(c);  // every Work released: their completions are posted
   Completer::get().drain(kDrainLimit);
 }
+
+void completionsAtExit() { Completer::atExit(kDrainLimit); }
 
 }  // namespace mccl

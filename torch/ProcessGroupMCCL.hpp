@@ -198,4 +198,10 @@ class ProcessGroupMCCL : public c10d::Backend {
   std::atomic<uint64_t> next_seq_{0};
 };
 
+// Python's atexit hook (mccl/__init__.py): waits, up to 10 s, for the completions already posted,
+// and makes later ones leave their Works and tensors to the exiting process, so that no completion
+// thread takes the GIL while the interpreter finalizes (ProcessGroupMCCL.cpp, Completer::atExit).
+// Call it with the GIL held or not; it releases the GIL while it waits.
+void completionsAtExit();
+
 }  // namespace mccl

@@ -12,6 +12,7 @@ over one TCP connection per peer pair; this package only registers it and passes
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import torch
@@ -58,6 +59,13 @@ def _group_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
                          "(leave it unset for torch's default of 30 minutes)")
     return max(timeout, datetime.timedelta(milliseconds=1))
 
+
+# Completion threads drop the Works they finished, and with them references to tensors Python also
+# holds, which takes the GIL: they must be done before the interpreter finalizes (a thread taking
+# the GIL then is ended mid-destructor, which aborts the process). atexit runs hooks last-in
+# first-out, so a user's hook registered after this import (one that destroys process groups)
+# runs first. ProcessGroupMCCL.cpp, Completer::atExit.
+atexit.register(_C._completions_at_exit)
 
 from . import _order  # noqa: E402
 
