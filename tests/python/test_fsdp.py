@@ -11,6 +11,7 @@ The last test drives the two ProcessGroup entry points FSDP2 calls, ``_allgather
 ``_reduce_scatter_base`` (AVG and PREMUL_SUM), directly, with exact references.
 """
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -103,11 +104,25 @@ def _all(rank: int, world_size: int) -> dict:
 _RUNS: dict = {}
 
 
+def _run(backend: str, world_size: int) -> list:
+    """Every variant over ``backend``. gloo's run is only the reference: if one of its ranks dies by a
+    signal, it runs once more, with a warning. (CI saw rank 0 of gloo's 2-rank run die of SIGSEGV
+    once, and 260 runs here, 60 of them beside a busy loop, did not repeat it.) mccl's run gets one
+    attempt: any failure of it fails the test."""
+    results = run_ranks(_all, world_size, backend=backend, deadline_s=240)
+    crashed = [f"rank {r.rank} (exit {r.exitcode})" for r in results if not r.ok and (r.exitcode or 0) < 0]
+    if backend == "gloo" and crashed:
+        warnings.warn(f"gloo's reference run at world size {world_size} crashed: {', '.join(crashed)}; "
+                      "running it again")
+        results = run_ranks(_all, world_size, backend=backend, deadline_s=240)
+    return check_ok(results)
+
+
 def _variant(backend: str, world_size: int, name: str) -> list:
     key = (backend, world_size)
     if key not in _RUNS:
         try:
-            _RUNS[key] = check_ok(run_ranks(_all, world_size, backend=backend, deadline_s=240))
+            _RUNS[key] = _run(backend, world_size)
         except AssertionError as exc:
             _RUNS[key] = exc
     if isinstance(_RUNS[key], Exception):
