@@ -916,9 +916,9 @@ static void describeStall(mcclTransport* t) {
     if (creditHeld(c)) {
       mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
-               "timed out: rank %d could not send %s to rank %d (%s), whose receives have not taken "
-               "the %llu bytes sent before it (credit, MCCL_CREDITS); that rank is stalled or issued "
-               "different collectives", t->rank, desc, r, c->addr,
+               "timed out: rank %d was waiting for rank %d (%s) to take %s: its receives have not "
+               "taken the %llu bytes sent before it (credit, MCCL_CREDITS); that rank is stalled or "
+               "issued different collectives", t->rank, r, c->addr, desc,
                (unsigned long long)(atomic_load(&c->credit.sent) - atomic_load(&c->credit.granted)));
       found = 1;
     } else if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
@@ -926,9 +926,9 @@ static void describeStall(mcclTransport* t) {
       mcclXfer* x = !headHeld(c) ? c->sq_head : overtakerBehind(c, &before);
       mcclFrameDescribe(&x->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
-               "timed out: rank %d could not send %s to rank %d (%s), which stopped reading; "
+               "timed out: rank %d was waiting for rank %d (%s) to read %s: it stopped reading; "
                "that rank is stalled or issued different collectives",
-               t->rank, desc, r, c->addr);
+               t->rank, r, c->addr, desc);
       found = 1;
     }
   }

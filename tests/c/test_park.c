@@ -370,6 +370,12 @@ static void testCreditBound(void) {
     drainPeer(lb.peer_fd, &got, &len, &cap);
   }
   EXPECT(len == 16 * frame, "before any report: %zu bytes left, %zu expected (the window)", len, 16 * frame);
+  /* A timeout now names the rank whose receives hold the credit back, in the words every timeout
+   * uses for the rank it waited on ("was waiting for rank N (address) to ..."). */
+  mcclResult_t stalled = mcclTransportProgress(&lb.tp, mcclNowNs() + 2 * 1000000LL, NULL);
+  EXPECT(stalled == mcclTimeout && strstr(lb.tp.error, "was waiting for rank 1 (") != NULL &&
+             strstr(lb.tp.error, " to take ") != NULL && strstr(lb.tp.error, "MCCL_CREDITS") != NULL,
+         "the credit stall's timeout: %s: %s", mcclGetErrorString(stalled), lb.tp.error);
   EXPECT(atomic_load(&c->credit.waits) == 1 && atomic_load(&c->credit.peak) == CWINDOW,
          "waits %llu, peak lead %llu", (unsigned long long)atomic_load(&c->credit.waits),
          (unsigned long long)atomic_load(&c->credit.peak));
@@ -391,6 +397,11 @@ static void testCreditBound(void) {
   sendCredit(lb.peer_fd, CFRAMES * SEG);
   EXPECT(progress(&lb) == mcclSuccess && atomic_load(&c->credit.granted) == CFRAMES * SEG, "report of all: %s",
          lb.tp.error);
+  /* Left: the rig's 8 MiB send to rank 2, which reads nothing. */
+  stalled = mcclTransportProgress(&lb.tp, mcclNowNs() + 2 * 1000000LL, NULL);
+  EXPECT(stalled == mcclTimeout && strstr(lb.tp.error, "was waiting for rank 2 (") != NULL &&
+             strstr(lb.tp.error, "it stopped reading") != NULL,
+         "the unread send's timeout: %s: %s", mcclGetErrorString(stalled), lb.tp.error);
   sendCredit(lb.peer_fd, CFRAMES * SEG + 1);
   mcclResult_t res = progress(&lb);
   EXPECT(res == mcclProtocolError && strstr(lb.tp.error, "credit") != NULL && strstr(lb.tp.error, "rank 1") != NULL,
