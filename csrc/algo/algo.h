@@ -227,6 +227,8 @@ typedef struct {
                               anything the ring reads or writes) */
   char* copy_dst;
   size_t copy_bytes;
+  size_t segment_bytes;    /* payload bytes per frame at most; 0: MCCL_SEGMENT_BYTES (the chain
+                              broadcast's comes from mcclChainSegmentBytes, select.h) */
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

@@ -48,7 +48,7 @@ mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan*
   for (int c = 0; c < p->nchunks; c++)
     if (p->chunk_len[c] > max_chunk) max_chunk = p->chunk_len[c];
   if (max_chunk == 0) return mcclSuccess;
-  size_t seg_elems = ctx->segment_bytes / esz;
+  size_t seg_elems = (p->segment_bytes ? p->segment_bytes : ctx->segment_bytes) / esz;
   if (seg_elems == 0) seg_elems = 1;
   const size_t nseg = (max_chunk + seg_elems - 1) / seg_elems;
   const size_t per_max = (max_chunk + nseg - 1) / nseg;
@@ -218,7 +218,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0, NULL, NULL, 0};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0, NULL, NULL, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
@@ -267,7 +267,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = t == 0;
     }
     mcclRingPlan p1 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0};
+                       op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0, 0};
     res = mcclRingRun(ctx, op, &p1);
   }
   /* 2: all-reduce of chunk j across the groups (from here on the input is this rank's output). */
@@ -283,7 +283,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     }
     mcclRingPlan p2 = {steps, G, 1, mcclRingRank(ctx, mod(k + 1, G) * g + j), mcclRingRank(ctx, mod(k - 1, G) * g + j),
                        chunks, chunks + nsteps, flags, flags + nsteps, off2, len2, op->recvbuf, NULL, 0,
-                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1), NULL, NULL, 0};
+                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1), NULL, NULL, 0, 0};
     res = mcclRingRun(ctx, &mid, &p2);
   }
   /* 3: all-gather of the chunks inside the group. */
@@ -295,7 +295,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = 0;
     }
     mcclRingPlan p3 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1)), NULL, NULL, 0};
+                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1)), NULL, NULL, 0, 0};
     res = mcclRingRun(ctx, &mid, &p3);
   }
   free(chunks);
@@ -329,7 +329,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0, NULL, NULL, 0};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0, NULL, NULL, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -420,7 +420,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
    * writes it there) runs inside the ring. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0,
-                       op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0};
+                       op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -430,7 +430,8 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
 
 /* Broadcast of a large buffer: a pipelined chain root -> root+1 -> ... -> root-1. Each rank
  * forwards segment j as soon as it has landed (lag 0); the root only sends, the last only
- * receives. Time ~ bytes/bandwidth + (n-1) segment hops. */
+ * receives. Time ~ bytes/bandwidth + (n-1) segment hops, so the segment shrinks with the size
+ * (mcclChainSegmentBytes, select.h). */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
   const int me = mcclRingPos(ctx, r), pos = mod(me - mcclRingPos(ctx, op->root), n); /* hops from root */
@@ -439,6 +440,7 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   uint8_t mode = MCCL_RECV_COPY, from_input = 0;
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mcclRingRank(ctx, me + 1), mcclRingRank(ctx, me - 1), &send_chunk, &recv_chunk,
-                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0};
+                       &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0,
+                       mcclChainSegmentBytes(ctx, op->count * mcclDataTypeSize(op->dtype))};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -65,9 +65,11 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
     case MCCL_COLL_BROADCAST: {
       /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
        * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain
-       * wins once S > n s. On two ranks the chain is the direct send. */
-      if (forced_ring || (auto_big && (n == 2 || op->count < (size_t)n || bytes >= (size_t)n * ctx->segment_bytes))) {
-        *why = forced_ring ? "forced" : "large: S > n x segment (or 2 ranks)";
+       * wins once S > n s, s its own segment (mcclChainSegmentBytes: 64 KiB up to 48 MiB on 8
+       * ranks). On two ranks the chain is the direct send. */
+      if (forced_ring || (auto_big && (n == 2 || op->count < (size_t)n ||
+                                       bytes >= (size_t)n * mcclChainSegmentBytes(ctx, bytes)))) {
+        *why = forced_ring ? "forced" : "large: S > n x the chain's segment (or 2 ranks)";
         return plan(MCCL_PLAN_CHAIN, 0);
       }
       /* Scatter + all-gather moves 2 (n-1)/n S against the tree's log2(n) S: it pays once the
@@ -129,6 +131,14 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
       *why = "the only algorithm";
       return plan(MCCL_PLAN_RING, 0);
   }
+}
+
+size_t mcclChainSegmentBytes(const mcclAlgoCtx* ctx, size_t bytes) {
+  enum { kFillShare = 128, kFloor = 64 * 1024, kAlign = 4096 };
+  const size_t cap = ctx->segment_bytes;
+  if (ctx->nranks <= 2 || cap <= kFloor) return cap;
+  size_t s = bytes / ((size_t)kFillShare * (size_t)(ctx->nranks - 2)) / kAlign * kAlign;
+  return s < kFloor ? kFloor : s > cap ? cap : s;
 }
 
 mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op) {

@@ -57,6 +57,15 @@ mcclPlan mcclAlgoSelect(mcclAlgoCtx* ctx, const mcclOp* op);
  * MCCL_ANNOUNCE_RANKS ranks (default 16; bench/NOTES.md has the measurements). */
 int mcclAlgoAnnounceAll(const mcclAlgoCtx* ctx);
 
+/* The payload bytes per frame of a broadcast chain of `bytes` on this communicator. The chain's
+ * last rank starts (n-2) segments after the first, so a broadcast of S bytes in segments of s
+ * takes about (S + (n-2) s)/beta: the fill costs (n-2) s / S of the time, 37% for 4 MiB on 8
+ * ranks in 256 KiB segments. The segment is S / (128 (n-2)) (a fill of under 1%), in multiples
+ * of 4 KiB, between 64 KiB (smaller frames cost more CPU per byte) and MCCL_SEGMENT_BYTES;
+ * MCCL_SEGMENT_BYTES on 2 ranks (no fill). Every rank computes the same value. Measured in
+ * bench/NOTES.md (2026-12-06, third session). */
+size_t mcclChainSegmentBytes(const mcclAlgoCtx* ctx, size_t bytes);
+
 /* "ring", "doubling", ...: a plan's name, as MCCL_ALGO and the log spell it. */
 const char* mcclPlanName(mcclPlanKind kind);
 

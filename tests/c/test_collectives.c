@@ -388,8 +388,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
                    (int)a, &rng);
 
   /* Broadcast from the first and last rank, through the tree, the chain and the automatic choice
-   * (scatter-allgather for sizes between the ring threshold and n segments). */
-  const size_t bcounts[] = {0, 1, 7919, big};
+   * (scatter-allgather for sizes between the ring threshold and n x the chain's segment: 100003
+   * int32 from 7 ranks up). */
+  const size_t bcounts[] = {0, 1, 7919, 100003, big};
   const mcclAlgorithm_t balgos[] = {mcclAlgoRing, mcclAlgoTree, mcclAlgoAuto};
   for (size_t a = 0; a < 3; a++)
     for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1))
