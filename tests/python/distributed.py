@@ -346,6 +346,35 @@ def run_ranks(fn: Callable, world_size: int, *args, **options) -> list[RankResul
     return run_job(fn, world_size, *args, **options)[0]
 
 
+def start_script_ranks(script: str, world_size: int, **popen) -> tuple[Any, list]:
+    """Start ``scripts/<script>`` as ``world_size`` plain processes, as torchrun's agent would: each
+    reads RANK, LOCAL_RANK and WORLD_SIZE and rendezvouses with ``env://`` on a TCPStore this process
+    hosts (MASTER_ADDR/MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE). No harness runs in them, so they
+    leave through the interpreter's own exit, as a user's script does. ``popen`` goes to every
+    ``subprocess.Popen`` (text mode). Returns (store, procs): keep the store referenced while the
+    ranks run; the caller waits for the processes and kills those left."""
+    import subprocess
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", script)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(world_size),
+               TORCHELASTIC_USE_AGENT_STORE="True")
+    procs: list = []
+    try:
+        for r in range(world_size):
+            procs.append(subprocess.Popen([sys.executable, path], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                          text=True, **popen))
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    return store, procs
+
+
 def check_ok(results: list[RankResult]) -> list[Any]:
     """Assert every rank succeeded; return their values in rank order."""
     failures = [f"rank {r.rank}: {r.error}" for r in results if not r.ok]

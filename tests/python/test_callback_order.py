@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed import check_ok, run_ranks
+from distributed import check_ok, run_ranks, start_script_ranks
 
 BIG = 1 << 22  # 16 MiB of float32: the ring, long enough that rank 0's sleep decides
 
@@ -122,20 +122,15 @@ def test_early_attached_callbacks_that_wait_and_chain():
 def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it():
     """The interpreter exits while the completion thread sleeps in a Python callback, without
     destroy_process_group. Before the atexit hook (mccl/__init__.py), the callback woke to a
-    finalizing interpreter and every rank aborted ("Fatal Python error", exit 134). Now the
-    exit waits for the callback: each rank prints its line and exits 0."""
-    import os
+    finalizing interpreter and the rank aborted ("Fatal Python error", exit 134). Now the exit
+    waits for the callback: each rank prints the callback's exact sum and exits 0. Rank 1's
+    callback is attached before the all-reduce can complete (scripts/exit_during_callback.py),
+    so it runs on the completion thread after LEAVING; rank 0's may run inline, before it."""
     import subprocess
-    import sys
-    from datetime import timedelta
 
     world = 2
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "exit_during_callback.py")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(world),
-               TORCHELASTIC_USE_AGENT_STORE="True")
-    procs = [subprocess.Popen([sys.executable, script], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT)
     try:
         outs = [p.communicate(timeout=150)[0] for p in procs]
     finally:
@@ -147,4 +142,4 @@ def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it():
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-3000:]}"
         lines = out.split()
         assert "LEAVING" in lines and f"CALLBACK {world * (world + 1) // 2}" in out, f"rank {r}:\n{out[-3000:]}"
-        assert out.index("LEAVING") < out.index("CALLBACK"), f"rank {r}: the callback ended before the exit:\n{out}"
+    assert outs[1].index("LEAVING") < outs[1].index("CALLBACK"), f"rank 1's callback ended before the exit:\n{outs[1]}"

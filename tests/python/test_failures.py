@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed import check_ok, notify, raw_store, run_job
+from distributed import check_ok, notify, raw_store, run_job, start_script_ranks
 
 WORLD = 4
 FAST = {"start_method": "forkserver"}
@@ -759,20 +759,13 @@ def test_sigkill_plain_script_survivors_exit_nonzero_without_destroy(tmp_path):
     """No harness in the survivors: their exception is uncaught and the interpreter shuts down with
     the process group still alive (its destructor runs at exit), as in a user's script."""
     import subprocess
-    import sys
     import threading
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "allreduce_until_failure.py")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(WORLD),
-               TORCHELASTIC_USE_AGENT_STORE="True")
-    procs, lines = [], {r: [] for r in range(WORLD)}
+    lines = {r: [] for r in range(WORLD)}
     victim = 1
+    store, procs = start_script_ranks("allreduce_until_failure.py", WORLD, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL)
     try:
-        for r in range(WORLD):
-            procs.append(subprocess.Popen([sys.executable, script], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-
         def read(r):
             for line in procs[r].stdout:
                 lines[r].append((time.monotonic(), line.strip()))
