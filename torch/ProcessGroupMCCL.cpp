@@ -413,33 +413,69 @@ class Completer {
   static void forgetAfterFork() { instance_ = new Completer(); }
 
   // Python's atexit, before the interpreter starts finalizing (mccl/__init__.py registers it):
-  // waits out the tasks posted so far (drain), and from then on a finished task leaves its
-  // captures (the Work and its tensors) to the exiting process instead of dropping them. Dropping
-  // a reference to a tensor that Python also holds takes the GIL (torch decrefs its PyObject); a
-  // thread that takes the GIL while the interpreter finalizes is ended by Python (pthread_exit),
-  // and ending it inside a destructor aborts the process ("terminate called without an active
-  // exception"). That is what a script that exits right after its last collective, without
-  // destroy_process_group, risked.
+  // waits, up to `limit` in all, until every Work issued so far has completed and its completion
+  // task (Future callbacks included) has run, and from then on a finished task leaves its captures
+  // (the Work and its tensors) to the exiting process instead of dropping them. Dropping a
+  // reference to a tensor that Python also holds takes the GIL (torch decrefs its PyObject), and so
+  // does a Python then() callback; a thread that takes the GIL while the interpreter finalizes is
+  // ended by Python (pthread_exit), and ending it inside a destructor aborts the process
+  // ("terminate called without an active exception"). That is what a script that exits right
+  // after its last collective, without waiting for it or calling destroy_process_group, risked.
+  // A completion that arrives once the interpreter is finalizing (a collective still in flight
+  // after `limit`) is not delivered at all (run(): nothing can wait for it any more).
   static void atExit(std::chrono::milliseconds limit) {
     exiting_.store(true, std::memory_order_release);
-    get().drain(limit);
+    get().drain(limit, /*issued_too=*/true);
+  }
+  // atExit gave up on collectives still in flight: the exiting process's groups abort them instead
+  // of waiting out their timeouts (~ProcessGroupMCCL); their completions are dropped anyway.
+  static bool abandonedAtExit() { return abandoned_.load(std::memory_order_acquire); }
+
+  // A Work was issued: its completion task will be posted (onRelease) and will call retired().
+  // Counted so that atExit can wait for collectives still in flight, not only posted tasks.
+  void issued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_++;
+  }
+  // From the completion task of an issued Work, once it has completed (callbacks run).
+  void retired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_--;
   }
 
   // Until every task posted so far has run to its end (a task may still drop the last references
   // to tensors after its Work's waiters were released), or `limit` passed. Called when a process
   // group shuts down, so that no pool thread still touches tensors (freeing one that Python owns
   // takes the GIL) while the interpreter exits. From a pool thread, its own task does not count.
-  // The caller's GIL is released while waiting: a task may need it.
-  void drain(std::chrono::milliseconds limit) {
+  // The caller's GIL is released while waiting: a task may need it. With `issued_too`, also until
+  // every issued Work has completed (atExit); a shutdown does not wait for other groups' Works.
+  void drain(std::chrono::milliseconds limit, bool issued_too = false) {
+    // Once the interpreter finalizes (a group destroyed by module teardown), a task still running
+    // can only end by taking the GIL, which aborts: waiting for it would only make sure it does.
+    // atExit has waited already and said what was left.
+    if (exiting_.load(std::memory_order_acquire) && interpreterGone()) return;
     PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
     bool done;
+    long long uncompleted = 0, callbacks = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       const int self = tl_in_pool ? 1 : 0;
-      done = drained_.wait_for(lock, limit, [&] { return tasks_.empty() && running_ <= self; });
+      done = drained_.wait_for(lock, limit, [&] {
+        return tasks_.empty() && running_ <= self && (!issued_too || in_flight_ <= 0);
+      });
+      // Every posted or running task is a Work's completion (onRelease is the only poster).
+      callbacks = static_cast<long long>(tasks_.size()) + running_ - self;
+      uncompleted = in_flight_ - callbacks;
     }
+    if (issued_too && uncompleted > 0) abandoned_.store(true, std::memory_order_release);
     if (saved != nullptr) PyEval_RestoreThread(saved);
-    if (!done)
+    if (!done && issued_too)
+      fprintf(stderr, "mccl: the process is exiting after waiting %lld ms with %lld collective(s) not completed "
+              "and %lld completion(s) (Future callbacks) not finished; a completion that arrives while the "
+              "interpreter finalizes is dropped, a callback still running then may abort the process (wait "
+              "for your collectives, or destroy_process_group(), before exiting)\n",
+              static_cast<long long>(limit.count()), uncompleted, callbacks);
+    else if (!done)
       fprintf(stderr, "mccl: completion callbacks still running %lld ms after the process group shut down\n",
               static_cast<long long>(limit.count()));
   }
@@ -472,7 +508,12 @@ class Completer {
       tasks_.pop_front();
       running_++;
       lock.unlock();
-      task();
+      // Once the interpreter finalizes, a task that takes the GIL ends this thread inside it
+      // (atExit): a completion that arrives that late is dropped, with its captures.
+      if (exiting_.load(std::memory_order_acquire) && interpreterGone())
+        (void)new std::function<void()>(std::move(task));
+      else
+        task();
       // The captured Work and its tensors go here, before the count drops; after atExit they
       // are left to the exiting process (leaked on purpose: see atExit).
       if (exiting_.load(std::memory_order_acquire))
@@ -485,12 +526,21 @@ class Completer {
     }
   }
 
+  static bool interpreterGone() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+    return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+  }
+
   static thread_local bool tl_in_pool;
-  static std::atomic<bool> exiting_;
+  static std::atomic<bool> exiting_, abandoned_;
   static Completer* instance_;
   std::mutex mu_;
   std::condition_variable cv_, drained_;
   int running_ = 0;
+  long long in_flight_ = 0;  // issued Works whose completion task has not finished (issued/retired)
   std::deque<std::function<void()>> tasks_;
   int idle_ = 0;
   int threads_ = 0;
@@ -498,6 +548,7 @@ class Completer {
 
 thread_local bool Completer::tl_in_pool = false;
 std::atomic<bool> Completer::exiting_{false};
+std::atomic<bool> Completer::abandoned_{false};
 Completer* Completer::instance_ = nullptr;
 
 namespace {
@@ -526,7 +577,10 @@ constexpr std::chrono::milliseconds kDrainLimit{10000};
 void WorkMCCL::onRelease(void* ctx, mcclResult_t result) {
   auto* work = static_cast<WorkMCCL*>(ctx);
   c10::intrusive_ptr<WorkMCCL> self = std::move(work->self_);
-  Completer::get().post([self, result]() { self->complete(result); });
+  Completer::get().post([self, result]() {
+    self->complete(result);
+    Completer::get().retired();
+  });
 }
 
 void WorkMCCL::complete(mcclResult_t result) {
@@ -674,7 +728,12 @@ mcclComm_t ProcessGroupMCCL::takeComm() {
 }
 
 ProcessGroupMCCL::~ProcessGroupMCCL() {
-  if (mcclComm_t c = takeComm()) mcclCommDestroy(c);
+  if (mcclComm_t c = takeComm()) {
+    if (Completer::abandonedAtExit())
+      mcclCommAbort(c);  // the exit already waited MCCL_EXIT_WAIT_S for what is in flight
+    else
+      mcclCommDestroy(c);
+  }
   Completer::get().drain(kDrainLimit);
 }
 
@@ -740,6 +799,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
     work->self_.reset();
     throwMccl(res, work->name_ + work->group_, mcclGetLastError(comm_));
   }
+  // Counted before complete() can run: it waits for `issuing`, which this thread holds.
+  Completer::get().issued();
   work->staging_->issued();  // the consumer side: copy-backs queued behind the consumer ticket
   // torch's per-group sequence number: issue order on this process (the engine's run order, which
   // can differ for follow-ups, is in mcclRequestSeq and in MCCL's messages).
@@ -1296,6 +1357,8 @@ void ProcessGroupMCCL::shutdown() {
   Completer::get().drain(kDrainLimit);
 }
 
-void completionsAtExit() { Completer::atExit(kDrainLimit); }
+void completionsAtExit(double seconds) {
+  Completer::atExit(std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0)));
+}
 
 }  // namespace mccl

@@ -198,10 +198,12 @@ class ProcessGroupMCCL : public c10d::Backend {
   std::atomic<uint64_t> next_seq_{0};
 };
 
-// Python's atexit hook (mccl/__init__.py): waits, up to 10 s, for the completions already posted,
-// and makes later ones leave their Works and tensors to the exiting process, so that no completion
-// thread takes the GIL while the interpreter finalizes (ProcessGroupMCCL.cpp, Completer::atExit).
-// Call it with the GIL held or not; it releases the GIL while it waits.
-void completionsAtExit();
+// Python's atexit hook (mccl/__init__.py): waits, up to `seconds` in all (MCCL_EXIT_WAIT_S, default
+// 10), until every collective issued has completed and its completion (Future callbacks included)
+// has run, and makes later completions leave their Works and tensors to the exiting process (or,
+// once the interpreter finalizes, drops them), so that no completion thread takes the GIL while
+// the interpreter finalizes (ProcessGroupMCCL.cpp, Completer::atExit). Call it with the GIL held
+// or not; it releases the GIL while it waits.
+void completionsAtExit(double seconds);
 
 }  // namespace mccl

@@ -39,8 +39,9 @@ PYBIND11_MODULE(_C, m) {
       "An order mark for a callback about to be attached to `future`, or None if it needs none.");
   m.def("_is_mccl_future", [](const FutureWrapper& fut) { return mccl::OrderMark::isMcclFuture(fut->fut); },
         py::arg("future"));
-  m.def("_completions_at_exit", &mccl::completionsAtExit,
-        "Python's atexit hook: finish posted completions before the interpreter finalizes.");
+  m.def("_completions_at_exit", &mccl::completionsAtExit, py::arg("seconds"),
+        "Python's atexit hook: wait up to `seconds` for issued collectives and their completions "
+        "(Future callbacks) before the interpreter finalizes.");
   m.def("_derived_future", [](const FutureWrapper& child) { mccl::OrderMark::derived(child->fut); },
         py::arg("child"), "`child`, returned by then() on an mccl Future, counts as one too.");
 #ifdef MCCL_WITH_MPS

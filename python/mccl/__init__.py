@@ -60,12 +60,27 @@ def _group_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
     return max(timeout, datetime.timedelta(milliseconds=1))
 
 
-# Completion threads drop the Works they finished, and with them references to tensors Python also
-# holds, which takes the GIL: they must be done before the interpreter finalizes (a thread taking
-# the GIL then is ended mid-destructor, which aborts the process). atexit runs hooks last-in
-# first-out, so a user's hook registered after this import (one that destroys process groups)
-# runs first. ProcessGroupMCCL.cpp, Completer::atExit.
-atexit.register(_C._completions_at_exit)
+def _exit_wait_s() -> float:
+    """MCCL_EXIT_WAIT_S: seconds (>= 0, default 10) the interpreter's exit waits for collectives
+    still in flight and their Future callbacks; ValueError names a bad value."""
+    raw = os.environ.get("MCCL_EXIT_WAIT_S", "10")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86400:
+        raise ValueError(f"mccl: MCCL_EXIT_WAIT_S must be a number of seconds from 0 to 86400, got {raw!r}")
+    return seconds
+
+
+# Completion threads run Future callbacks and drop the Works they finished, and with them
+# references to tensors Python also holds: both take the GIL, so they must be done before the
+# interpreter finalizes (a thread taking the GIL then is ended mid-destructor, which aborts the
+# process). So the exit waits for every collective issued and its completion, up to
+# MCCL_EXIT_WAIT_S. atexit runs hooks last-in first-out, so a user's hook registered after this
+# import (one that destroys process groups, or runs a last collective) runs first.
+# ProcessGroupMCCL.cpp, Completer::atExit.
+atexit.register(_C._completions_at_exit, _exit_wait_s())
 
 from . import _order  # noqa: E402
 

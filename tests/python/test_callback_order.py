@@ -11,6 +11,8 @@ Values are small integers so every check is exact.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import pytest
@@ -119,16 +121,22 @@ def test_early_attached_callbacks_that_wait_and_chain():
     assert all(check_ok(run_ranks(_early_attach_waits, 3, deadline_s=120)))
 
 
-def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it():
-    """The interpreter exits while the completion thread sleeps in a Python callback, without
-    destroy_process_group. Before the atexit hook (mccl/__init__.py), the callback woke to a
-    finalizing interpreter and the rank aborted ("Fatal Python error", exit 134). Now the exit
-    waits for the callback: each rank prints the callback's exact sum and exits 0. Rank 1's
-    callback is attached before the all-reduce can complete (scripts/exit_during_callback.py),
-    so it runs on the completion thread after LEAVING; rank 0's may run inline, before it."""
+@pytest.mark.parametrize("mode", ["callback_running", "in_flight"])
+def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it(mode, monkeypatch):
+    """The interpreter exits, without destroy_process_group, while mccl still owes a Python
+    callback: ``callback_running``, the completion thread sleeps in it; ``in_flight``, the
+    all-reduce it is attached to has not even completed (rank 0 never waits for it, and rank 1
+    issues its own only after rank 0's main code has ended). Before the atexit hook
+    (mccl/__init__.py) the callback woke to a finalizing interpreter and the rank aborted ("Fatal
+    Python error", exit 134; "terminate called without an active exception", -6); the hook waited
+    only for posted callbacks, so ``in_flight`` still aborted. Now the exit waits for the
+    collectives issued and their callbacks: each rank prints the callback's exact sum and exits
+    0. The order LEAVING, then CALLBACK is guaranteed on one rank (scripts/exit_during_callback.py
+    says why) and checked there; the other's callback may run inline, before it."""
     import subprocess
 
     world = 2
+    monkeypatch.setenv("MCCL_TEST_EXIT_MODE", mode)
     store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT)
     try:
@@ -142,4 +150,53 @@ def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it():
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-3000:]}"
         lines = out.split()
         assert "LEAVING" in lines and f"CALLBACK {world * (world + 1) // 2}" in out, f"rank {r}:\n{out[-3000:]}"
-    assert outs[1].index("LEAVING") < outs[1].index("CALLBACK"), f"rank 1's callback ended before the exit:\n{outs[1]}"
+        assert "still in flight" not in out, f"rank {r}:\n{out[-3000:]}"
+    ordered = 1 if mode == "callback_running" else 0
+    assert outs[ordered].index("LEAVING") < outs[ordered].index("CALLBACK"), \
+        f"rank {ordered}'s callback ended before the exit:\n{outs[ordered]}"
+
+
+@pytest.mark.parametrize("mode", ["callback_outlives_wait", "peer_never_issues"])
+def test_a_script_exit_waits_only_mccl_exit_wait_s(mode, monkeypatch):
+    """What the exit's wait cannot finish (MCCL_EXIT_WAIT_S=1 here) is named on stderr and
+    dropped, and the rank still exits 0 soon after: ``callback_outlives_wait``, rank 1's callback
+    sleeps 8 s (before, the group's teardown waited for it and the callback woke in a finalizing
+    interpreter: exit -6); ``peer_never_issues``, rank 0's all-reduce has no partner while rank 1
+    stays alive (before, rank 0 waited out the collective's 60 s timeout at exit)."""
+    import subprocess
+
+    world = 2
+    late = 1 if mode == "callback_outlives_wait" else 0  # the rank that leaves owing something
+    monkeypatch.setenv("MCCL_TEST_EXIT_MODE", mode)
+    monkeypatch.setenv("MCCL_EXIT_WAIT_S", "1")
+    store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT)
+    outs = [""] * world
+    try:
+        outs[late] = procs[late].communicate(timeout=60)[0]
+        exited = time.time()
+        store.set("test/rank0_gone", "1")
+        outs[1 - late] = procs[1 - late].communicate(timeout=60)[0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-3000:]}"
+        assert "LEAVING" in out and "CALLBACK" not in out, f"rank {r}:\n{out[-3000:]}"
+    owed = "1 collective(s) not completed and 0" if late == 0 else "0 collective(s) not completed and 1"
+    assert f"after waiting 1000 ms with {owed} completion(s)" in outs[late], outs[late][-3000:]
+    left = float(outs[late].split("LEAVING ")[1].split()[0])
+    # 1 s of waiting and the interpreter's exit; before the change 8 s (and an abort) or 60 s.
+    assert exited - left < 5, f"rank {late} exited {exited - left:.1f} s after its main code ended:\n{outs[late][-3000:]}"
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan"])
+def test_a_bad_mccl_exit_wait_s_is_named_at_import(value):
+    import subprocess
+
+    env = dict(os.environ, MCCL_EXIT_WAIT_S=value)
+    proc = subprocess.run([sys.executable, "-c", "import mccl"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and f"MCCL_EXIT_WAIT_S must be a number of seconds from 0 to 86400, got {value!r}" \
+        in proc.stderr, proc.stderr[-2000:]

@@ -9,6 +9,16 @@ torch runs a callback at once, on the attaching thread, when the Future is alrea
 rank 1 attaches its callback before rank 0 issues the all-reduce (the job's store says when):
 rank 1's callback always runs on the completion thread, and its LEAVING always comes first. Rank
 0's all-reduce may complete before its callback is attached; its callback then runs inline.
+
+With MCCL_TEST_EXIT_MODE=in_flight no rank waits for its all-reduce, and rank 1 issues its own
+only after rank 0 has printed LEAVING (the store says when): rank 0's main code ends with the
+collective still in flight, and both callbacks run on the completion thread after LEAVING.
+
+Two modes where the exit's wait (MCCL_EXIT_WAIT_S, set short by the test) runs out, each with
+one rank that leaves owing something; LEAVING carries that rank's clock (time.time()):
+``callback_outlives_wait``, rank 1's callback sleeps far longer than the wait (attached before
+rank 0 issues, so it runs on the completion thread); ``peer_never_issues``, rank 0's all-reduce
+has no partner: rank 1 never issues it and stays alive until the test sets ``test/rank0_gone``.
 """
 import os
 import time
@@ -17,7 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import mccl  # noqa: F401
+import mccl  # noqa: F401  (registers the backend)
 
 dist.init_process_group("mccl", timeout=timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -33,11 +43,39 @@ def callback(fut):
     return total
 
 
-if rank == 0:
-    store.wait(["test/attached"])
-work = dist.all_reduce(t, async_op=True)
-work.get_future().then(callback)
-if rank == 1:
-    store.set("test/attached", "1")
-work.wait()  # released before the Future's callbacks run
-print("LEAVING", flush=True)
+mode = os.environ.get("MCCL_TEST_EXIT_MODE", "callback_running")
+if mode == "callback_outlives_wait":
+    if rank == 0:
+        store.wait(["test/attached"])
+        dist.all_reduce(t)
+        print("LEAVING", flush=True)
+    else:
+        work = dist.all_reduce(t, async_op=True)
+        work.get_future().then(lambda fut: (time.sleep(8), print("CALLBACK", flush=True)))
+        store.set("test/attached", "1")
+        print(f"LEAVING {time.time()}", flush=True)
+elif mode == "peer_never_issues":
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        work.get_future().then(callback)
+        print(f"LEAVING {time.time()}", flush=True)
+    else:
+        print("LEAVING", flush=True)
+        store.wait(["test/rank0_gone"])
+elif mode == "in_flight":
+    if rank == 1:
+        store.wait(["test/left"])
+    work = dist.all_reduce(t, async_op=True)
+    work.get_future().then(callback)
+    print("LEAVING", flush=True)
+    if rank == 0:
+        store.set("test/left", "1")  # rank 1 issues only now: rank 0 leaves with it in flight
+else:
+    if rank == 0:
+        store.wait(["test/attached"])
+    work = dist.all_reduce(t, async_op=True)
+    work.get_future().then(callback)
+    if rank == 1:
+        store.set("test/attached", "1")
+    work.wait()  # released before the Future's callbacks run
+    print("LEAVING", flush=True)
