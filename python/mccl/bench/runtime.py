@@ -134,6 +134,11 @@ def init_groups(backends: list[str], timeout_s: float) -> Groups:
         fds, t0 = me.num_fds(), time.perf_counter()
         groups[b] = dist.new_group(backend=b, timeout=timeout)
         init[b] = {"seconds": time.perf_counter() - t0, "descriptors": me.num_fds() - fds}
+    # torch's barrier() asks which accelerator the machine has (torch._C._get_accelerator), which
+    # on a CUDA build of torch loads and initializes the CUDA driver: 3.4 MiB of libcuda's pages
+    # and 1 MiB of heap. The bench's first barrier is inside the first measurement's window, so
+    # whichever backend ran first was charged for it (+RSS, 2026-12-06): it happens here instead.
+    dist.barrier(group=dist.group.WORLD)
     return Groups(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, groups, init)
 
 
