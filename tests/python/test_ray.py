@@ -50,19 +50,23 @@ def _start_node(args: list[str], log_path: str) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
-def _stop_node(proc: subprocess.Popen) -> None:
-    """SIGTERM makes `ray start --block` drain and stop its own processes; SIGKILL its group if not."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+def _stop_nodes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM makes `ray start --block` drain and stop its own processes (every node at once: each
+    takes seconds); SIGKILL a node's group if it has not stopped within 40 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 40
+    for proc in procs:
         try:
-            proc.wait(timeout=40)
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the session this test started for the node, nothing else
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started for the node, nothing else
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def _forget_cluster(port: int) -> None:
@@ -121,8 +125,7 @@ def cluster(tmp_path_factory):
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        for proc in reversed(procs):
-            _stop_node(proc)
+        _stop_nodes(list(reversed(procs)))
         _forget_cluster(port)
         if worker_tmp:
             shutil.rmtree(worker_tmp, ignore_errors=True)
