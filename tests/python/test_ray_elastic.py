@@ -61,8 +61,10 @@ class Cluster:
         args = ["--head", f"--port={self.port}", "--", *NODE_ARGS, "--include-dashboard=false"] if name == "head" \
             else ["--address", self.address, "--", *NODE_ARGS]
         log = open(self.tmp / f"{name}.log", "a")
+        # SIGTERM reaches these nodes only at the end (stop_all): no drain (up to 30 s by default).
         proc = subprocess.Popen([PY, "-m", "mccl.ray.node", "--block", *args], cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ, **RAY_ENV))
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, **RAY_ENV, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0"))
         log.close()
         self.nodes[name] = proc
         return proc
