@@ -399,6 +399,11 @@ bool OrderMark::isMcclFuture(const c10::intrusive_ptr<c10::ivalue::Future>& futu
 // completing on the engine thread would deadlock, and so would a single completion thread whose
 // callback waits on a Future that same thread has to complete. So tasks run in order on a pool
 // that starts another thread whenever more tasks wait than threads are idle (up to 256).
+void abortLiveGroups();  // every live ProcessGroupMCCL of this process (defined below)
+
+// How long the exit waits for Future callbacks once it has aborted the groups (Completer::atExit).
+constexpr std::chrono::milliseconds kCallbackLimit{10000};
+
 class Completer {
  public:
   // Never destroyed (its threads may outlive statics); a forked child gets a fresh one
@@ -412,27 +417,50 @@ class Completer {
   }
   static void forgetAfterFork() { instance_ = new Completer(); }
 
-  // Python's atexit, before the interpreter starts finalizing (mccl/__init__.py registers it):
-  // waits, up to `limit` in all, until every Work issued so far has completed and its completion
-  // task (Future callbacks included) has run, and from then on a finished task leaves its captures
-  // (the Work and its tensors) to the exiting process instead of dropping them. Dropping a
-  // reference to a tensor that Python also holds takes the GIL (torch decrefs its PyObject), and so
-  // does a Python then() callback; a thread that takes the GIL while the interpreter finalizes is
-  // ended by Python (pthread_exit), and ending it inside a destructor aborts the process
-  // ("terminate called without an active exception"). That is what a script that exits right
-  // after its last collective, without waiting for it or calling destroy_process_group, risked.
-  // A completion that arrives once the interpreter is finalizing (a collective still in flight
-  // after `limit`) is not delivered at all (run(): nothing can wait for it any more).
+  // Python's atexit, before the interpreter starts finalizing (mccl/__init__.py registers it).
+  // A completion thread that runs a Python then() callback, or drops the last reference to a
+  // tensor Python also holds, takes the GIL; once the interpreter finalizes, Python ends such a
+  // thread (pthread_exit), and when that happens inside a destructor (torch's callback wrapper,
+  // a Work's tensors) the process aborts ("terminate called without an active exception"). That
+  // is what a script that exits without waiting for its collectives, or calling
+  // destroy_process_group, risked. So the exit:
+  //  1. waits, up to `limit`, until every operation issued has completed and its completion task
+  //     (Future callbacks included) has run;
+  //  2. if that did not happen, aborts every live group of this process (what is in flight fails
+  //     now, with an error its Future's callbacks see, instead of at its timeout or not at all),
+  //     says so on stderr, and waits up to max(`limit`, 10 s) more for the completions and
+  //     callbacks that follow (MCCL_EXIT_WAIT_S=0 stops waiting for collectives, not for callbacks);
+  //  3. from then on leaves a finished task's captures (the Work and its tensors) to the exiting
+  //     process instead of dropping them, and a task that would start once the interpreter
+  //     finalizes does not run (run()).
+  // What is left after step 2 is a callback still running after both waits: if it touches Python
+  // once the interpreter finalizes, the process aborts (docs/FAILURES.md).
   static void atExit(std::chrono::milliseconds limit) {
     exiting_.store(true, std::memory_order_release);
-    get().drain(limit, /*issued_too=*/true);
+    Completer& c = get();
+    Idle idle = c.waitIdle(limit, /*issued_too=*/true);
+    if (idle.done) return;
+    abandoned_.store(true, std::memory_order_release);
+    fprintf(stderr, "mccl: the process is exiting, and after %lld ms (MCCL_EXIT_WAIT_S) %lld operation(s) it "
+            "issued are unfinished (%lld of them in their Future callbacks); aborting this process's process "
+            "groups, so that what is in flight fails now, and waiting for the callbacks (wait for your "
+            "collectives, or call destroy_process_group(), before exiting)\n",
+            static_cast<long long>(limit.count()), idle.unfinished, idle.in_callbacks);
+    abortLiveGroups();
+    const std::chrono::milliseconds more = std::max(limit, kCallbackLimit);
+    idle = c.waitIdle(more, /*issued_too=*/true);
+    if (!idle.done)
+      fprintf(stderr, "mccl: %lld operation(s) still unfinished (%lld in their Future callbacks) another %lld ms "
+              "after their groups were aborted; a callback that touches Python while the interpreter "
+              "finalizes aborts the process\n",
+              idle.unfinished, idle.in_callbacks, static_cast<long long>(more.count()));
   }
-  // atExit gave up on collectives still in flight: the exiting process's groups abort them instead
-  // of waiting out their timeouts (~ProcessGroupMCCL); their completions are dropped anyway.
+  // atExit gave up waiting and aborted the groups; a group destroyed later aborts too
+  // (~ProcessGroupMCCL) instead of waiting for what is in flight.
   static bool abandonedAtExit() { return abandoned_.load(std::memory_order_acquire); }
 
   // A Work was issued: its completion task will be posted (onRelease) and will call retired().
-  // Counted so that atExit can wait for collectives still in flight, not only posted tasks.
+  // Counted so that atExit can wait for operations still in flight, not only posted tasks.
   void issued() {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_++;
@@ -447,37 +475,39 @@ class Completer {
   // to tensors after its Work's waiters were released), or `limit` passed. Called when a process
   // group shuts down, so that no pool thread still touches tensors (freeing one that Python owns
   // takes the GIL) while the interpreter exits. From a pool thread, its own task does not count.
-  // The caller's GIL is released while waiting: a task may need it. With `issued_too`, also until
-  // every issued Work has completed (atExit); a shutdown does not wait for other groups' Works.
-  void drain(std::chrono::milliseconds limit, bool issued_too = false) {
+  void drain(std::chrono::milliseconds limit) {
+    if (!waitIdle(limit, /*issued_too=*/false).done)
+      fprintf(stderr, "mccl: completion callbacks still running %lld ms after the process group shut down\n",
+              static_cast<long long>(limit.count()));
+  }
+
+  struct Idle {
+    bool done;
+    long long unfinished;    // issued Works whose completion task has not finished
+    long long in_callbacks;  // of those, completion tasks queued or running
+  };
+  // drain's wait; with `issued_too`, also until every issued Work has completed (atExit: a
+  // shutdown does not wait for other groups' Works). The caller's GIL is released while waiting:
+  // a task may need it.
+  Idle waitIdle(std::chrono::milliseconds limit, bool issued_too) {
     // Once the interpreter finalizes (a group destroyed by module teardown), a task still running
     // can only end by taking the GIL, which aborts: waiting for it would only make sure it does.
     // atExit has waited already and said what was left.
-    if (exiting_.load(std::memory_order_acquire) && interpreterGone()) return;
+    if (exiting_.load(std::memory_order_acquire) && interpreterGone()) return Idle{true, 0, 0};
     PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
-    bool done;
-    long long uncompleted = 0, callbacks = 0;
+    Idle idle;
     {
       std::unique_lock<std::mutex> lock(mu_);
       const int self = tl_in_pool ? 1 : 0;
-      done = drained_.wait_for(lock, limit, [&] {
+      idle.done = drained_.wait_for(lock, limit, [&] {
         return tasks_.empty() && running_ <= self && (!issued_too || in_flight_ <= 0);
       });
       // Every posted or running task is a Work's completion (onRelease is the only poster).
-      callbacks = static_cast<long long>(tasks_.size()) + running_ - self;
-      uncompleted = in_flight_ - callbacks;
+      idle.in_callbacks = static_cast<long long>(tasks_.size()) + running_ - self;
+      idle.unfinished = in_flight_;
     }
-    if (issued_too && uncompleted > 0) abandoned_.store(true, std::memory_order_release);
     if (saved != nullptr) PyEval_RestoreThread(saved);
-    if (!done && issued_too)
-      fprintf(stderr, "mccl: the process is exiting after waiting %lld ms with %lld collective(s) not completed "
-              "and %lld completion(s) (Future callbacks) not finished; a completion that arrives while the "
-              "interpreter finalizes is dropped, a callback still running then may abort the process (wait "
-              "for your collectives, or destroy_process_group(), before exiting)\n",
-              static_cast<long long>(limit.count()), uncompleted, callbacks);
-    else if (!done)
-      fprintf(stderr, "mccl: completion callbacks still running %lld ms after the process group shut down\n",
-              static_cast<long long>(limit.count()));
+    return idle;
   }
 
   void post(std::function<void()> task) {
@@ -508,12 +538,9 @@ class Completer {
       tasks_.pop_front();
       running_++;
       lock.unlock();
-      // Once the interpreter finalizes, a task that takes the GIL ends this thread inside it
-      // (atExit): a completion that arrives that late is dropped, with its captures.
-      if (exiting_.load(std::memory_order_acquire) && interpreterGone())
-        (void)new std::function<void()>(std::move(task));
-      else
-        task();
+      // Once the interpreter finalizes, a completion is not delivered at all (atExit): running it
+      // would take the GIL.
+      if (!(exiting_.load(std::memory_order_acquire) && interpreterGone())) task();
       // The captured Work and its tensors go here, before the count drops; after atExit they
       // are left to the exiting process (leaked on purpose: see atExit).
       if (exiting_.load(std::memory_order_acquire))
@@ -1350,6 +1377,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recvAnysource(std::vector<at::T
 
 void ProcessGroupMCCL::abort() {
   if (mcclComm_t c = takeComm()) mcclCommAbort(c);
+}
+
+// atExit, once its wait ran out. The list is copied first: abort() takes the groups' lock itself.
+// Only the exiting main thread destroys groups at that point, so none goes away meanwhile.
+void abortLiveGroups() {
+  std::vector<ProcessGroupMCCL*> groups;
+  {
+    std::lock_guard<std::mutex> lock(groupsMutex());
+    groups = liveGroups();
+  }
+  for (ProcessGroupMCCL* pg : groups) pg->abort();
 }
 
 void ProcessGroupMCCL::shutdown() {

@@ -198,12 +198,12 @@ class ProcessGroupMCCL : public c10d::Backend {
   std::atomic<uint64_t> next_seq_{0};
 };
 
-// Python's atexit hook (mccl/__init__.py): waits, up to `seconds` in all (MCCL_EXIT_WAIT_S, default
-// 10), until every collective issued has completed and its completion (Future callbacks included)
-// has run, and makes later completions leave their Works and tensors to the exiting process (or,
-// once the interpreter finalizes, drops them), so that no completion thread takes the GIL while
-// the interpreter finalizes (ProcessGroupMCCL.cpp, Completer::atExit). Call it with the GIL held
-// or not; it releases the GIL while it waits.
+// Python's atexit hook (mccl/__init__.py): waits, up to `seconds` (MCCL_EXIT_WAIT_S, default 10),
+// until every operation issued has completed and its completion (Future callbacks included) has
+// run; past that, aborts every live group of the process and waits up to max(`seconds`, 10 s) more
+// for the callbacks; later completions leave their Works and tensors to the exiting process. So no
+// completion thread takes the GIL while the interpreter finalizes (ProcessGroupMCCL.cpp,
+// Completer::atExit). Call it with the GIL held or not; it releases the GIL while it waits.
 void completionsAtExit(double seconds);
 
 }  // namespace mccl

@@ -1040,8 +1040,10 @@ MCCL_API mcclResult_t mcclCommDestroy(mcclComm_t comm) {
   mcclCommGetAsyncError(comm, &failed);
   if (failed == mcclSuccess && mcclTransportUnread(&comm->tp, peers, sizeof(peers)) > 0)
     WARN("rank %d: communicator '%s' destroyed with frames from rank %s never read: sends that no "
-         "recv matched, or collectives that differed between the ranks (for example broadcasts "
-         "with different roots), so some results may differ between ranks", comm->rank, comm->label, peers);
+         "recv matched, a collective that rank issued and this one never did (such as one still in "
+         "flight when that rank exited), or collectives that differed between the ranks (for "
+         "example broadcasts with different roots), in which case some results may differ between "
+         "ranks", comm->rank, comm->label, peers);
   commFree(comm);
   return mcclSuccess;
 }

@@ -61,8 +61,9 @@ def _group_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
 
 
 def _exit_wait_s() -> float:
-    """MCCL_EXIT_WAIT_S: seconds (>= 0, default 10) the interpreter's exit waits for collectives
-    still in flight and their Future callbacks; ValueError names a bad value."""
+    """MCCL_EXIT_WAIT_S: seconds (0 to 86400, default 10) the interpreter's exit waits for
+    operations still in flight and their Future callbacks before it aborts this process's groups
+    (docs/ENVIRONMENT.md); ValueError names a bad value."""
     raw = os.environ.get("MCCL_EXIT_WAIT_S", "10")
     try:
         seconds = float(raw)
@@ -76,8 +77,9 @@ def _exit_wait_s() -> float:
 # Completion threads run Future callbacks and drop the Works they finished, and with them
 # references to tensors Python also holds: both take the GIL, so they must be done before the
 # interpreter finalizes (a thread taking the GIL then is ended mid-destructor, which aborts the
-# process). So the exit waits for every collective issued and its completion, up to
-# MCCL_EXIT_WAIT_S. atexit runs hooks last-in first-out, so a user's hook registered after this
+# process). So the exit waits for every operation issued and its completion, up to
+# MCCL_EXIT_WAIT_S, then aborts the groups and waits for the callbacks that follows.
+# atexit runs hooks last-in first-out, so a user's hook registered after this
 # import (one that destroys process groups, or runs a last collective) runs first.
 # ProcessGroupMCCL.cpp, Completer::atExit.
 atexit.register(_C._completions_at_exit, _exit_wait_s())

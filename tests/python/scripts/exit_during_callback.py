@@ -14,11 +14,14 @@ With MCCL_TEST_EXIT_MODE=in_flight no rank waits for its all-reduce, and rank 1 
 only after rank 0 has printed LEAVING (the store says when): rank 0's main code ends with the
 collective still in flight, and both callbacks run on the completion thread after LEAVING.
 
-Two modes where the exit's wait (MCCL_EXIT_WAIT_S, set short by the test) runs out, each with
-one rank that leaves owing something; LEAVING carries that rank's clock (time.time()):
-``callback_outlives_wait``, rank 1's callback sleeps far longer than the wait (attached before
-rank 0 issues, so it runs on the completion thread); ``peer_never_issues``, rank 0's all-reduce
-has no partner: rank 1 never issues it and stays alive until the test sets ``test/rank0_gone``.
+Modes where the exit's first wait (MCCL_EXIT_WAIT_S, set by the test) runs out, so the exit
+aborts the groups and then waits for the callbacks; LEAVING carries the clock (time.time()) of
+the rank the test times: ``callback_outlives_wait``, rank 1's callback sleeps 3 s (attached
+before rank 0 issues, so it runs on the completion thread); ``peer_never_issues``, rank 0's
+all-reduce has no partner: rank 1 never issues it and stays alive until the test sets
+``test/rank0_gone``; ``queued_callbacks``, every rank leaves 30 all-reduces whose callbacks sleep
+0.1 s each; ``in_flight`` with the wait set to 0 by the test (every callback then runs after
+the abort, most of them on a failed all-reduce). Every callback that ran prints CALLBACK.
 """
 import os
 import time
@@ -51,9 +54,14 @@ if mode == "callback_outlives_wait":
         print("LEAVING", flush=True)
     else:
         work = dist.all_reduce(t, async_op=True)
-        work.get_future().then(lambda fut: (time.sleep(8), print("CALLBACK", flush=True)))
+        work.get_future().then(lambda fut: (time.sleep(3), print("CALLBACK", flush=True)))
         store.set("test/attached", "1")
         print(f"LEAVING {time.time()}", flush=True)
+elif mode == "queued_callbacks":
+    for _ in range(30):
+        dist.all_reduce(t.clone(), async_op=True).get_future().then(
+            lambda fut: (time.sleep(0.1), print("CALLBACK", flush=True)))
+    print(f"LEAVING {time.time()}", flush=True)
 elif mode == "peer_never_issues":
     if rank == 0:
         work = dist.all_reduce(t, async_op=True)
