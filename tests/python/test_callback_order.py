@@ -121,6 +121,31 @@ def test_early_attached_callbacks_that_wait_and_chain():
     assert all(check_ok(run_ranks(_early_attach_waits, 3, deadline_s=120)))
 
 
+def _exit_script(world: int, first: int, then_set: str | None = None):
+    """Run scripts/exit_during_callback.py on ``world`` plain rank processes (its mode from the
+    environment); wait for rank ``first`` to exit, note when (time.time()), set the store key
+    ``then_set`` if given, then wait for the others. Returns (procs, outputs by rank, that time)."""
+    import subprocess
+
+    store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT)
+    outs = [""] * world
+    try:
+        outs[first] = procs[first].communicate(timeout=120)[0]
+        exited = time.time()
+        if then_set:
+            store.set(then_set, "1")
+        for r in range(world):
+            if r != first:
+                outs[r] = procs[r].communicate(timeout=120)[0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return procs, outs, exited
+
+
 @pytest.mark.parametrize("mode", ["callback_running", "in_flight"])
 def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it(mode, monkeypatch):
     """The interpreter exits, without destroy_process_group, while mccl still owes a Python
@@ -133,24 +158,14 @@ def test_a_script_leaving_while_a_callback_runs_exits_zero_after_it(mode, monkey
     collectives issued and their callbacks: each rank prints the callback's exact sum and exits
     0. The order LEAVING, then CALLBACK is guaranteed on one rank (scripts/exit_during_callback.py
     says why) and checked there; the other's callback may run inline, before it."""
-    import subprocess
-
     world = 2
     monkeypatch.setenv("MCCL_TEST_EXIT_MODE", mode)
-    store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)
-    try:
-        outs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs, _ = _exit_script(world, first=0)
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-3000:]}"
         lines = out.split()
         assert "LEAVING" in lines and f"CALLBACK {world * (world + 1) // 2}" in out, f"rank {r}:\n{out[-3000:]}"
-        assert "still in flight" not in out, f"rank {r}:\n{out[-3000:]}"
+        assert "aborting this process's process groups" not in out, f"rank {r}:\n{out[-3000:]}"
     ordered = 1 if mode == "callback_running" else 0
     assert outs[ordered].index("LEAVING") < outs[ordered].index("CALLBACK"), \
         f"rank {ordered}'s callback ended before the exit:\n{outs[ordered]}"
@@ -165,25 +180,11 @@ def test_an_exit_that_outwaits_mccl_exit_wait_s_aborts_the_groups_and_exits_zero
     the process (exit -6: a callback woke, or torch dropped its wrapper, in a finalizing
     interpreter; 12 of 12 ranks for 40 queued 0.1 s callbacks), ``in_flight`` with a wait of 0 did
     on 10 of 16 ranks, and ``peer_never_issues`` waited out the all-reduce's 60 s timeout."""
-    import subprocess
-
     world = 2
     timed = 1 if mode == "callback_outlives_wait" else 0  # the rank whose exit is timed
     monkeypatch.setenv("MCCL_TEST_EXIT_MODE", mode)
     monkeypatch.setenv("MCCL_EXIT_WAIT_S", wait_s)
-    store, procs = start_script_ranks("exit_during_callback.py", world, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)
-    outs = [""] * world
-    try:
-        outs[timed] = procs[timed].communicate(timeout=60)[0]
-        exited = time.time()
-        store.set("test/rank0_gone", "1")
-        outs[1 - timed] = procs[1 - timed].communicate(timeout=60)[0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs, exited = _exit_script(world, first=timed, then_set="test/rank0_gone")
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-3000:]}"
         assert "LEAVING" in out and "terminate called" not in out, f"rank {r}:\n{out[-3000:]}"
