@@ -78,7 +78,7 @@ def _exit_wait_s() -> float:
 # references to tensors Python also holds: both take the GIL, so they must be done before the
 # interpreter finalizes (a thread taking the GIL then is ended mid-destructor, which aborts the
 # process). So the exit waits for every operation issued and its completion, up to
-# MCCL_EXIT_WAIT_S, then aborts the groups and waits for the callbacks that follows.
+# MCCL_EXIT_WAIT_S, then aborts the groups and waits for the callbacks that follow.
 # atexit runs hooks last-in first-out, so a user's hook registered after this
 # import (one that destroys process groups, or runs a last collective) runs first.
 # ProcessGroupMCCL.cpp, Completer::atExit.
