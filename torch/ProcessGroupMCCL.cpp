@@ -401,8 +401,11 @@ bool OrderMark::isMcclFuture(const c10::intrusive_ptr<c10::ivalue::Future>& futu
 // that starts another thread whenever more tasks wait than threads are idle (up to 256).
 void abortLiveGroups();  // every live ProcessGroupMCCL of this process (defined below)
 
-// How long the exit waits for Future callbacks once it has aborted the groups (Completer::atExit).
-constexpr std::chrono::milliseconds kCallbackLimit{10000};
+// How long a shutdown waits for the completion pool. The pool is shared by every process group,
+// and what a shutdown waits for is the tail of completions already under way (microseconds), so
+// a bound well below a collective timeout keeps another group's slow callback from holding it.
+// The exit waits at least as long for Future callbacks once it has aborted the groups (atExit).
+constexpr std::chrono::milliseconds kDrainLimit{10000};
 
 class Completer {
  public:
@@ -447,7 +450,7 @@ class Completer {
             "collectives, or call destroy_process_group(), before exiting)\n",
             static_cast<long long>(limit.count()), idle.unfinished, idle.in_callbacks);
     abortLiveGroups();
-    const std::chrono::milliseconds more = std::max(limit, kCallbackLimit);
+    const std::chrono::milliseconds more = std::max(limit, kDrainLimit);
     idle = c.waitIdle(more, /*issued_too=*/true);
     if (!idle.done)
       fprintf(stderr, "mccl: %lld operation(s) still unfinished (%lld in their Future callbacks) another %lld ms "
@@ -592,11 +595,6 @@ void forgetShimState() {
 }
 [[maybe_unused]] const bool g_at_fork = (pthread_atfork(nullptr, nullptr, forgetShimState), true);
 }  // namespace
-
-// How long a shutdown waits for the completion pool. The pool is shared by every process group,
-// and what a shutdown waits for is the tail of completions already under way (microseconds), so
-// a bound well below a collective timeout keeps another group's slow callback from holding it.
-constexpr std::chrono::milliseconds kDrainLimit{10000};
 
 // Engine thread, exactly once: the buffers are final (or the collective failed). Hands the
 // completion to the Completer, which copies staged outputs back, completes the Work and its Future
