@@ -64,7 +64,8 @@ minimise the sum of squared relative errors (model - measured) / measured. Doubl
 of the points (sorted by c - s(c)) into latency- and bandwidth-bound, one bounded linear solve, the
 best of them under the true model, then a local polish. So exact data is fitted back exactly.
 t0 (a per-collective overhead: dispatch, wake-ups, announcements) is fitted only when asked: with
-one host count it cannot be told from R(n) alpha.
+one host count it cannot be told from R(n) alpha. The command line fits the ring with the segment
+MCCL's runs used (:func:`run_segment`), the paper's form for other backends' rows.
 
 Command line: ``python -m mccl.model predict ...`` and ``python -m mccl.model fit FILE.json ...``
 (``--help``; docs/MODEL.md has examples and our fitted parameters). Units on the command line:
@@ -670,11 +671,34 @@ def _segment(text: str) -> float:
     return _positive(text) * 1024
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--segment-kb", type=_segment, default=0.0, metavar="KB",
-                   help="KiB a ring step forwards whole (MCCL_SEGMENT_BYTES is 256): step = max(c/beta, "
-                        "alpha + s/beta); 0 (default) is the paper's max(alpha, c/beta), 'inf' the additive "
-                        "alpha + c/beta")
+def _add_model_args(p: argparse.ArgumentParser, fitted: bool) -> None:
+    default = ("the segment the files' mccl runs used (their MCCL_SEGMENT_BYTES, else 256), 0 for other "
+               "backends; without --fit, 0" if fitted else "the segment the files' mccl runs used (their "
+               "MCCL_SEGMENT_BYTES, else 256), 0 for other backends")
+    p.add_argument("--segment-kb", type=_segment, default=None, metavar="KB",
+                   help="KiB a ring step forwards whole: step = max(c/beta, alpha + s/beta); 0 is the paper's "
+                        f"max(alpha, c/beta), 'inf' the additive alpha + c/beta. Default: {default}")
+
+
+def run_segment(paths: Iterable[str], backend: str = "mccl") -> float:
+    """Bytes of the ring segment the files' runs used: their MCCL_SEGMENT_BYTES (libmccl's default,
+    256 KiB, where unset) for mccl rows, 0 (the paper's max form) for other backends. Raises
+    ModelError when the files ran different segments (pooling them under one model would be wrong)."""
+    if backend != "mccl":
+        return 0.0
+    segs = {}
+    for path in paths:
+        meta, _ = load_rows(path)
+        v = _env(meta).get("MCCL_SEGMENT_BYTES")
+        try:
+            segs[path] = float(parse_size(v)) if v not in (None, "") else float(DEFAULT_SEGMENT_BYTES)
+        except ValueError:  # ModelError is one
+            raise ModelError(f"{path}: MCCL_SEGMENT_BYTES={v!r} in its metadata is not a size; give --segment-kb") from None
+    if len(set(segs.values())) > 1:
+        raise ModelError("the files ran different ring segments ("
+                         + ", ".join(f"{os.path.basename(k)}: {v / 1024:g} KiB" for k, v in segs.items())
+                         + "); fit them separately or give --segment-kb")
+    return next(iter(segs.values()), float(DEFAULT_SEGMENT_BYTES))
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -704,7 +728,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--inter-alpha-us", type=_positive, default=None, help="per-hop cost across groups (default alpha)")
     pp.add_argument("--backend", default="mccl", help="with --fit: the backend's rows (default mccl)")
     pp.add_argument("--plot", metavar="OUT.png", default=None, help="write busbw against hosts here (matplotlib)")
-    _add_model_args(pp)
+    _add_model_args(pp, fitted=True)
 
     fp = sub.add_parser("fit", help="fit alpha and beta per algorithm to mccl.bench JSON; per-point errors",
                         description="Fit each algorithm's alpha-beta model to the rows of one op and backend and "
@@ -721,7 +745,7 @@ def _build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--holdout", nargs="?", const="size", default=None, choices=("size", "hosts", "point"),
                     help="also predict each point from a fit without it: 'size' (default) leaves out its whole "
                          "(size, hosts) cell, 'hosts' its host count, 'point' the point alone")
-    _add_model_args(fp)
+    _add_model_args(fp, fitted=False)
     return ap
 
 
@@ -752,7 +776,8 @@ def describe(f: Fit) -> str:
 
 
 def _cmd_fit(a) -> int:
-    fits, goodputs = _fits_from(a.files, a.backend, a.op, a.segment_kb, a.overhead, a.holdout,
+    segment = a.segment_kb if a.segment_kb is not None else run_segment(a.files, a.backend)
+    fits, goodputs = _fits_from(a.files, a.backend, a.op, segment, a.overhead, a.holdout,
                                 threshold=parse_size(a.threshold) if a.threshold else None,
                                 min_size=parse_size(a.min_size), max_size=parse_size(a.max_size) if a.max_size else None,
                                 algo=a.algo)
@@ -763,14 +788,18 @@ def _cmd_fit(a) -> int:
         print("# " + describe(f))
     # libmccl's choices need the hop cost of latency-bound transfers (the ring's alpha when its
     # points identify it, else doubling's per-round cost) and the link's goodput (the ring's beta).
+    # select.c compares chunks against alpha x beta, the paper's max(alpha, c/beta) crossover, so
+    # the setting comes from that form's fit (with segments, alpha is only the hop's cost beyond
+    # a frame's flight, a different quantity).
     if a.op == "all_reduce" and "ring" in fits:
-        ring = fits["ring"]
+        ring = fits["ring"] if fits["ring"].params.segment == 0 else fit(fits["ring"].points, "ring", a.op)
         alpha = ring.params.alpha if ring.alpha_identified else (
             fits["doubling"].params.alpha if "doubling" in fits else None)
         if alpha is not None:
             print(f"# for libmccl: alpha {alpha * 1e6:.2f} us"
                   + ("" if ring.alpha_identified else " (doubling's)")
-                  + f" x beta {ring.params.beta / 1e9:.4f} GB/s (the ring's): "
+                  + f" x beta {ring.params.beta / 1e9:.4f} GB/s (the ring's"
+                  + (", fitted as max(alpha, c/beta)" if fits["ring"].params.segment else "") + "): "
                   + alpha_beta_setting(alpha, ring.params.beta))
     hold = any(f.holdout is not None for f in fits.values())
     print(f"{'algo':>8} {'size (B)':>11} {'hosts':>5} {'measured us':>12} {'model us':>12} {'error':>8}"
@@ -800,7 +829,8 @@ def _cmd_predict(a) -> int:
     unit = 1 << 20 if a.mib else 1e6
     sizes = [v * unit for v in a.bucket_mb]
     if a.fit:
-        fits, goodputs = _fits_from(a.fit, a.backend, segment=a.segment_kb)
+        segment = a.segment_kb if a.segment_kb is not None else run_segment(a.fit, a.backend)
+        fits, goodputs = _fits_from(a.fit, a.backend, segment=segment)
         if "ring" not in fits:
             raise ModelError(f"{', '.join(a.fit)}: no ring rows to fit (sizes >= 256 KiB)")
         ring = fits["ring"].params
@@ -820,7 +850,7 @@ def _cmd_predict(a) -> int:
     else:
         alpha = (a.alpha_us if a.alpha_us is not None else PAPER_ALPHA_S * 1e6) * 1e-6
         beta = a.goodput_gbs[0] * 1e9 if a.goodput_gbs else PAPER_BETA_BPS
-        ring = Params(alpha, beta, a.segment_kb)
+        ring = Params(alpha, beta, a.segment_kb or 0.0)
         dbl, goodput, notes = None, beta, []
         source = "the paper's parameters" if (alpha, beta) == (PAPER_ALPHA_S, PAPER_BETA_BPS) else "given parameters"
     inter = None if a.inter_alpha_us is None else replace(ring, alpha=a.inter_alpha_us * 1e-6)

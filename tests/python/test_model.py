@@ -202,6 +202,60 @@ def test_predict_from_fit(capsys):
     assert "fitted to" in out and "64 MiB" in out
 
 
+def with_env(src, dst, env):
+    """A copy of the bench file ``src`` at ``dst`` whose metadata holds ``env``."""
+    data = json.load(open(src))
+    data["meta"]["env"] = env
+    dst.write_text(json.dumps(data))
+    return str(dst)
+
+
+def test_fit_models_the_segment_the_runs_used(tmp_path, capsys):
+    # Unset: libmccl's default, 256 KiB; set: the run's; other backends: the paper's form (0).
+    plain = with_env(BENCH, tmp_path / "plain.json", {})
+    big = with_env(BENCH, tmp_path / "big.json", {"MCCL_SEGMENT_BYTES": "1048576"})
+    assert model.run_segment([plain]) == 256 * 1024
+    assert model.run_segment([big, big]) == 1 << 20
+    assert model.run_segment([plain, big], backend="gloo") == 0
+    with pytest.raises(model.ModelError, match=r"different ring segments.*plain.json: 256 KiB.*big.json: 1024 KiB"):
+        model.run_segment([plain, big])
+    bad = with_env(BENCH, tmp_path / "bad.json", {"MCCL_SEGMENT_BYTES": "lots"})
+    with pytest.raises(model.ModelError, match="bad.json: MCCL_SEGMENT_BYTES='lots'"):
+        model.run_segment([bad])
+    assert model.main(["fit", big]) == 0
+    assert "segment 1024 KiB" in capsys.readouterr().out
+    assert model.main(["fit", plain, "--segment-kb", "0"]) == 0
+    assert "max(alpha, c/beta);" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        model.main(["fit", plain, big])
+    assert exc.value.code == 2 and "give --segment-kb" in capsys.readouterr().err
+    # The paper's parameters keep the paper's form unless told otherwise.
+    assert model.main(["predict", "--hosts", "70", "--bucket-mb", "25"]) == 0
+    assert "step = max(alpha, c/beta)" in capsys.readouterr().out
+
+
+HELD_OUT = [os.path.join(REPO, "bench", "results", d, f) for d, f in [
+    ("device-trace-20261206-095856", "base8-SIZES_1K_16K_256K_1M_4M_16M_64M_256M.json"),
+    ("device-trace-20261206-101427", "base12-SIZES_1M_4M_16M_64M.json"),
+    ("device-trace-20261206-101626", "base4-SIZES_1M_4M_16M_64M.json")]]
+
+
+def test_held_out_host_counts_on_our_runs():
+    """A regression guard on three committed GPU-machine runs (4, 8 and 12 hosts, docs/SCALING.md):
+    each host count predicted from a fit to the other two. With the segment MCCL ran (256 KiB), a
+    12-host 1 MiB step (87 KB chunk, one frame) costs alpha + c/beta; the paper's max form prices it
+    at the alpha that the bandwidth-bound points only bound from above, 44% too high."""
+    pts, _ = model.points_from(HELD_OUT, min_size=1 << 20)
+    seg = model.fit(pts, "ring", segment=model.run_segment(HELD_OUT), holdout="hosts")
+    paper = model.fit(pts, "ring", segment=0.0, holdout="hosts")
+    err = {(q.nranks, q.size): e for q, e in zip(seg.points, seg.holdout)}
+    assert len(err) == 13
+    assert max(abs(e) for (n, S), e in err.items() if S >= 4 << 20) < 0.02
+    assert abs(err[(12, 1 << 20)]) < 0.04
+    i = [k for k, q in enumerate(paper.points) if (q.nranks, q.size) == (12, 1 << 20)][0]
+    assert paper.holdout[i] > 0.40
+
+
 @pytest.mark.parametrize("argv, message", [
     (["predict", "--hosts", "0,8"], "--hosts"),
     (["predict", "--hosts", "eight"], "--hosts"),
