@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import ray.train
 import torch
 
 import mccl.ray as mr
+from raynodes import forget_cluster, stop_nodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_MPS = torch.backends.mps.is_available()
@@ -51,40 +51,6 @@ def _start_node(args: list[str], log_path: str) -> subprocess.Popen:
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "-m", "mccl.ray.node", "--block", *args], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def _stop_nodes(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM makes `ray start --block` stop its own processes (every node at once); SIGKILL a
-    node's group if it has not stopped within 40 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 40
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started for the node, nothing else
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def _forget_cluster(port: int) -> None:
-    """Remove Ray's "last cluster started here" file if it names this module's head, as `ray stop`
-    would; otherwise a later bare `ray.init()` on this machine tries to join the dead cluster."""
-    from ray._common.utils import get_ray_address_file
-
-    path = get_ray_address_file(None)
-    try:
-        with open(path) as f:
-            ours = f.read().strip().endswith(f":{port}")
-        if ours:
-            os.remove(path)
-    except OSError:
-        pass
 
 
 def _alive_nodes() -> list[dict]:
@@ -128,8 +94,8 @@ def cluster(tmp_path_factory):
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        _stop_nodes(list(reversed(procs)))
-        _forget_cluster(port)
+        stop_nodes(list(reversed(procs)))
+        forget_cluster(port)
         if worker_tmp:
             shutil.rmtree(worker_tmp, ignore_errors=True)
         if saved_auth is None:

@@ -24,6 +24,8 @@ import time
 import psutil
 import pytest
 
+from raynodes import forget_cluster, stop_nodes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 HEAVY = os.environ.get("MCCL_HEAVY_TESTS") == "1"
@@ -126,26 +128,8 @@ class Cluster:
         raise AssertionError("the controller runs on both worker nodes?")
 
     def stop_all(self) -> None:
-        for proc in self.nodes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.nodes.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session this test started for the node
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        from ray._common.utils import get_ray_address_file
-
-        try:
-            if open(get_ray_address_file(None)).read().strip().endswith(f":{self.port}"):
-                os.remove(get_ray_address_file(None))
-        except OSError:
-            pass
+        stop_nodes(list(self.nodes.values()), grace_s=30)
+        forget_cluster(self.port)
 
 
 def run_example(cluster, tmp_path, name, *extra):
