@@ -671,9 +671,9 @@ def _segment(text: str) -> float:
     return _positive(text) * 1024
 
 
-def _add_model_args(p: argparse.ArgumentParser, fitted: bool) -> None:
+def _add_model_args(p: argparse.ArgumentParser, for_predict: bool) -> None:
     default = ("the segment the files' mccl runs used (their MCCL_SEGMENT_BYTES, else 256), 0 for other "
-               "backends; without --fit, 0" if fitted else "the segment the files' mccl runs used (their "
+               "backends; without --fit, 0" if for_predict else "the segment the files' mccl runs used (their "
                "MCCL_SEGMENT_BYTES, else 256), 0 for other backends")
     p.add_argument("--segment-kb", type=_segment, default=None, metavar="KB",
                    help="KiB a ring step forwards whole: step = max(c/beta, alpha + s/beta); 0 is the paper's "
@@ -728,7 +728,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--inter-alpha-us", type=_positive, default=None, help="per-hop cost across groups (default alpha)")
     pp.add_argument("--backend", default="mccl", help="with --fit: the backend's rows (default mccl)")
     pp.add_argument("--plot", metavar="OUT.png", default=None, help="write busbw against hosts here (matplotlib)")
-    _add_model_args(pp, fitted=True)
+    _add_model_args(pp, for_predict=True)
 
     fp = sub.add_parser("fit", help="fit alpha and beta per algorithm to mccl.bench JSON; per-point errors",
                         description="Fit each algorithm's alpha-beta model to the rows of one op and backend and "
@@ -745,7 +745,7 @@ def _build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--holdout", nargs="?", const="size", default=None, choices=("size", "hosts", "point"),
                     help="also predict each point from a fit without it: 'size' (default) leaves out its whole "
                          "(size, hosts) cell, 'hosts' its host count, 'point' the point alone")
-    _add_model_args(fp, fitted=False)
+    _add_model_args(fp, for_predict=False)
     return ap
 
 
