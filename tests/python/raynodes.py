@@ -1,5 +1,5 @@
 """Teardown shared by the tests that start Ray nodes as `python -m mccl.ray.node --block`
-processes, each in a session of its own (test_ray.py, test_ray_elastic.py)."""
+processes, each in a session of its own (test_ray.py, test_ray_elastic.py, test_agent.py)."""
 from __future__ import annotations
 
 import os

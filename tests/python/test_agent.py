@@ -28,6 +28,7 @@ from mccl.agent import (Agent, BusyAppProbe, CpuLoadProbe, GpuLoadProbe, InputId
 from mccl.agent.config import EXAMPLE, ConfigError, load_config
 from mccl.agent.probes import in_windows, parse_hid_idle_seconds, parse_ioreg_gpu_utilization, parse_time_window
 from mccl.agent.service import launchd_plist, systemd_unit
+from raynodes import forget_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
@@ -522,20 +523,6 @@ def ray_head(tmp_path):
         kill_tree(head)
         log.close()
         forget_cluster(port)
-
-
-def forget_cluster(port: int) -> None:
-    """Remove Ray's "last cluster started here" file if it names this head (as `ray stop` would)."""
-    from ray._common.utils import get_ray_address_file
-
-    path = get_ray_address_file(None)
-    try:
-        with open(path) as f:
-            ours = f.read().strip().endswith(f":{port}")
-        if ours:
-            os.remove(path)
-    except OSError:
-        pass
 
 
 @pytest.mark.timeout(300)
