@@ -63,6 +63,8 @@ minimise the sum of squared relative errors (model - measured) / measured. Doubl
 (alpha, 1/beta, t0): one weighted least-squares solve. The ring is piecewise linear: for every split
 of the points (sorted by c - s(c)) into latency- and bandwidth-bound, one bounded linear solve, the
 best of them under the true model, then a local polish. So exact data is fitted back exactly.
+With segments, alpha is fitted only when some point is a single-frame step (c <= s: alpha + c/beta);
+otherwise every step hides alpha below a frame's flight, and alpha is reported bounded, not fitted.
 t0 (a per-collective overhead: dispatch, wake-ups, announcements) is fitted only when asked: with
 one host count it cannot be told from R(n) alpha. The command line fits the ring with the segment
 MCCL's runs used (:func:`run_segment`), the paper's form for other backends' rows.
@@ -435,8 +437,13 @@ def _fit_once(points: Sequence[Point], algo: str, op: str, segment: float, overh
     s = segment_of(c, segment)
     key = c - s  # latency-bound iff key < alpha*beta: monotone in c
     order = np.argsort(key, kind="stable")
+    # With segments, alpha shows plainly only in single-frame steps (c <= s: alpha + c/beta). A
+    # step of several frames hides it unless alpha exceeds the flight of c - s(c) bytes, so
+    # without a single-frame point a fit could only read alpha off one point sitting at that
+    # kink (a fraction of a percent of noise made alpha hundreds of us): alpha stays bounded.
+    anchored = not (0 < segment < math.inf) or bool(np.any(key <= 0))
     best = None
-    for split in range(len(points) + 1):
+    for split in range(len(points) + 1 if anchored else 1):
         lat = np.zeros(len(points), dtype=bool)
         lat[order[:split]] = True
         A = np.column_stack([np.where(lat, K, 0.0), np.where(lat, K * s, K * c), ones])
@@ -463,14 +470,14 @@ def _fit_once(points: Sequence[Point], algo: str, op: str, segment: float, overh
 
         r = least_squares(resid, x0 / sc, bounds=(0, np.inf), xtol=1e-15, ftol=1e-15, gtol=1e-15)
         z = r.x * sc
-        q = Params(z[0], 1 / z[1], segment, z[2] if overhead else 0.0)
+        q = Params(z[0] if anchored else 0.0, 1 / z[1], segment, z[2] if overhead else 0.0)
         if _cost(points, q, algo, op, t) < cost:
             p = q
     except (ValueError, ZeroDivisionError):
         pass
     # Alpha is seen only through latency-bound points; without one it is only bounded above.
     seg_pts = segment_of(c, segment)
-    lat_any = np.any(K * c / p.beta < K * (p.alpha + seg_pts / p.beta) * (1 + 1e-9))
+    lat_any = anchored and np.any(K * c / p.beta < K * (p.alpha + seg_pts / p.beta) * (1 + 1e-9))
     bound = None if lat_any else float(np.min((c - seg_pts) / p.beta))
     if not lat_any:
         p = replace(p, alpha=0.0)

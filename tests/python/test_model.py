@@ -234,6 +234,31 @@ def test_fit_models_the_segment_the_runs_used(tmp_path, capsys):
     assert "step = max(alpha, c/beta)" in capsys.readouterr().out
 
 
+def test_segments_without_a_single_frame_point_leave_alpha_bounded():
+    # 8 hosts, 4-256 MiB in 256 KiB frames: every chunk is 2 or more frames, so every step is
+    # bandwidth-bound for any alpha under a frame's flight. One point 0.4% slow (noise) must not
+    # be read as a hop cost of hundreds of us sitting at the kink max(c/beta, alpha + s/beta).
+    beta, seg = 0.62e9, 256 * 1024
+    pts = [Point(S, 8, 14 * S / 8 / beta * (1.004 if S == 4 << 20 else 1.0), "ring") for S in (4 << 20, 16 << 20, 64 << 20, 256 << 20)]
+    f = model.fit(pts, "ring", segment=seg)
+    assert not f.alpha_identified and f.params.alpha == 0
+    assert f.alpha_bound == pytest.approx(seg / f.params.beta, rel=1e-6)  # 4 MiB: c - s(c) = one frame
+    # A single-frame point (1 MiB: 128 KiB chunks) anchors alpha: it is fitted again.
+    t1 = 14 * (20e-6 + (1 << 20) / 8 / beta)
+    f = model.fit(pts + [Point(1 << 20, 8, t1, "ring")], "ring", segment=seg)
+    assert f.alpha_identified and f.params.alpha == pytest.approx(20e-6, rel=0.05)
+
+
+def test_held_out_sizes_on_our_six_round_run():
+    """A regression guard on a committed GPU-machine run (8 hosts, 1-256 MiB, 6 rounds; bench/NOTES.md,
+    2026-12-06 fifth session): each size predicted from the others within 2%. Before alpha was
+    anchored to single-frame steps, 1 MiB held out came out 198% high."""
+    path = os.path.join(REPO, "bench", "results", "device-trace-20261206-134144", "base8-SIZES_1M_4M_16M_64M_256M.json")
+    pts, _ = model.points_from([path], min_size=1 << 20)
+    f = model.fit(pts, "ring", segment=model.run_segment([path]), holdout="size")
+    assert len(pts) == 5 and max(abs(f.holdout)) < 0.02
+
+
 HELD_OUT = [os.path.join(REPO, "bench", "results", d, f) for d, f in [
     ("device-trace-20261206-095856", "base8-SIZES_1K_16K_256K_1M_4M_16M_64M_256M.json"),
     ("device-trace-20261206-101427", "base12-SIZES_1M_4M_16M_64M.json"),
