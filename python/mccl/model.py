@@ -79,6 +79,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
@@ -271,7 +272,7 @@ def parse_size(text: str | int | float) -> int:
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
         return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ModelError(f"not a size: {text!r} (expected bytes or a K/M/G multiple)") from None
 
 
@@ -310,7 +311,11 @@ def file_goodput(meta: dict) -> float | None:
     """The run's TCP goodput in B/s from its metadata, or None."""
     gp = meta.get("goodput")
     if isinstance(gp, dict) and gp.get("bits_per_s"):
-        return float(gp["bits_per_s"]) / 8
+        try:
+            v = float(gp["bits_per_s"]) / 8
+        except (TypeError, ValueError):
+            raise ModelError(f"meta.goodput.bits_per_s is not a number: {gp['bits_per_s']!r}") from None
+        return v if v > 0 and math.isfinite(v) else None
     return None
 
 
@@ -329,7 +334,9 @@ def classify(row: dict, meta: dict, threshold: int | None = None) -> str:
         return "ring"
     if forced in ("tree", "doubling"):
         return "doubling"
-    thr = threshold if threshold is not None else parse_size(env.get("MCCL_RING_THRESHOLD", DEFAULT_RING_THRESHOLD))
+    raw = env.get("MCCL_RING_THRESHOLD")
+    thr = threshold if threshold is not None else (
+        DEFAULT_RING_THRESHOLD if raw is None else libmccl_size(raw, DEFAULT_RING_THRESHOLD, 0, 2**63 - 1))
     count = row.get("count", row["size"])
     return "ring" if row["size"] >= thr and count >= row["nranks"] else "doubling"
 
@@ -343,20 +350,31 @@ def points_from(paths: Iterable[str], *, backend: str = "mccl", op: str = "all_r
     pts, goodputs = [], []
     for path in paths:
         meta, rows = load_rows(path)
-        g = file_goodput(meta)
+        try:
+            g = file_goodput(meta)
+        except ModelError as exc:
+            raise ModelError(f"{path}: {exc}") from None
         if g:
             goodputs.append(g)
-        for r in rows:
+        for i, r in enumerate(rows):
             if not isinstance(r, dict) or r.get("op") != op or r.get("backend") != backend:
                 continue
             if "time_us" not in r or r.get("error") or r.get("unsupported") or (r.get("skew_ms") or 0) > 0:
                 continue
-            n = int(r.get("nranks") or meta.get("world_size") or 0)
-            if n < 2 or r["size"] < min_size or (max_size is not None and r["size"] > max_size):
+            try:
+                n, size, t = int(r.get("nranks") or meta.get("world_size") or 0), int(r["size"]), float(r["time_us"])
+                if r.get("count") is not None:
+                    int(r["count"])
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                raise ModelError(f"{path}: results[{i}]: not a timed row (size, nranks, time_us, count): "
+                                 f"{type(exc).__name__}: {exc}") from None
+            if not (t > 0 and math.isfinite(t)):
+                raise ModelError(f"{path}: results[{i}]: time_us must be a finite number > 0 (got {r['time_us']!r})")
+            if n < 2 or size < min_size or (max_size is not None and size > max_size):
                 continue
-            r = {**r, "nranks": n}
+            r = {**r, "nranks": n, "size": size}
             a = algo or (classify(r, meta, threshold) if backend == "mccl" else "ring")
-            pts.append(Point(int(r["size"]), n, float(r["time_us"]) * 1e-6, a, os.path.basename(path)))
+            pts.append(Point(size, n, t * 1e-6, a, path))
     return pts, goodputs
 
 
@@ -652,6 +670,13 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
+def _hosts(text: str) -> list[int]:
+    vals = _ints(text)
+    if min(vals) < 2:
+        raise argparse.ArgumentTypeError(f"expected host counts >= 2 (one host has no all-reduce to price), got {text!r}")
+    return vals
+
+
 def _floats(text: str) -> list[float]:
     try:
         vals = [float(v) for v in text.split(",") if v.strip()]
@@ -672,6 +697,13 @@ def _positive(text: str) -> float:
     return v
 
 
+def _floats_one(text: str) -> float:
+    vals = _floats(text)
+    if len(vals) != 1:
+        raise argparse.ArgumentTypeError(f"expected one number > 0, got {text!r}")
+    return vals[0]
+
+
 def _segment(text: str) -> float:
     if text.strip().lower() in ("inf", "none"):
         return math.inf
@@ -687,23 +719,33 @@ def _add_model_args(p: argparse.ArgumentParser, for_predict: bool) -> None:
                         f"max(alpha, c/beta), 'inf' the additive alpha + c/beta. Default: {default}")
 
 
+def libmccl_size(raw, default: int, lo: int, hi: int) -> int:
+    """The value libmccl takes for a byte-size variable set to ``raw`` (csrc/core/param.c): a
+    decimal integer with an optional K/M/G suffix (powers of 1024) within [lo, hi]; anything else
+    (libmccl warns and) gives the default."""
+    m = re.fullmatch(r"([+-]?[0-9]+)([kKmMgG]?)", raw) if isinstance(raw, str) else None
+    if m is None:
+        return default
+    v = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+    return v if lo <= v <= hi else default
+
+
 def run_segment(paths: Iterable[str], backend: str = "mccl") -> float:
-    """Bytes of the ring segment the files' runs used: their MCCL_SEGMENT_BYTES (libmccl's default,
-    256 KiB, where unset) for mccl rows, 0 (the paper's max form) for other backends. Raises
-    ModelError when the files ran different segments (pooling them under one model would be wrong)."""
+    """Bytes of the ring segment the files' runs used: their MCCL_SEGMENT_BYTES as libmccl reads
+    it (256 KiB where unset or not a valid setting) for mccl rows, 0 (the paper's max form) for
+    other backends. Raises ModelError when the files ran different segments (pooling them under
+    one model would be wrong)."""
     if backend != "mccl":
         return 0.0
     segs = {}
     for path in paths:
         meta, _ = load_rows(path)
-        v = _env(meta).get("MCCL_SEGMENT_BYTES")
-        try:
-            segs[path] = float(parse_size(v)) if v not in (None, "") else float(DEFAULT_SEGMENT_BYTES)
-        except ValueError:  # ModelError is one
-            raise ModelError(f"{path}: MCCL_SEGMENT_BYTES={v!r} in its metadata is not a size; give --segment-kb") from None
+        raw = _env(meta).get("MCCL_SEGMENT_BYTES")
+        segs[path] = float(DEFAULT_SEGMENT_BYTES if raw is None else
+                           libmccl_size(raw, DEFAULT_SEGMENT_BYTES, 4096, 1 << 30))
     if len(set(segs.values())) > 1:
         raise ModelError("the files ran different ring segments ("
-                         + ", ".join(f"{os.path.basename(k)}: {v / 1024:g} KiB" for k, v in segs.items())
+                         + ", ".join(f"{k}: {v / 1024:g} KiB" for k, v in segs.items())
                          + "); fit them separately or give --segment-kb")
     return next(iter(segs.values()), float(DEFAULT_SEGMENT_BYTES))
 
@@ -718,7 +760,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         description="Predict all-reduce time, busbw and % of goodput for the flat ring, the "
                                     "two-level ring and recursive doubling, from the paper's parameters (default), "
                                     "given ones, or a fit to a mccl.bench JSON file.")
-    pp.add_argument("--hosts", type=_ints, default=[8, 24, 70, 128, 256], help="host counts (default 8,24,70,128,256)")
+    pp.add_argument("--hosts", type=_hosts, default=[8, 24, 70, 128, 256], help="host counts, 2 or more (default 8,24,70,128,256)")
     pp.add_argument("--bucket-mb", type=_floats, default=[25.0, 50.0], help="bucket sizes in MB (default 25,50)")
     pp.add_argument("--mib", action="store_true", help="read --bucket-mb in MiB (2^20 B), as DDP's bucket_cap_mb")
     src = pp.add_mutually_exclusive_group()
@@ -730,7 +772,7 @@ def _build_parser() -> argparse.ArgumentParser:
     grp.add_argument("--groups", type=int, default=None, help="number of groups (switches) for the two-level ring")
     grp.add_argument("--group-size", type=int, default=None, help="hosts per group (default 16: the paper's groups of "
                                                                   "10-16 Macs on one switch)")
-    pp.add_argument("--uplink-gbs", type=_positive, default=None,
+    pp.add_argument("--uplink-gbs", type=_floats_one, default=None,
                     help="bandwidth of one group's uplink, shared by its g cross-group rings (default: no limit)")
     pp.add_argument("--inter-alpha-us", type=_positive, default=None, help="per-hop cost across groups (default alpha)")
     pp.add_argument("--backend", default="mccl", help="with --fit: the backend's rows (default mccl)")
@@ -760,14 +802,34 @@ def _fits_from(files, backend, op="all_reduce", segment=0.0, overhead=False, hol
     pts, goodputs = points_from(files, backend=backend, op=op, **kw)
     if not pts:
         raise ModelError(f"no timed {op} rows of backend {backend!r} on 2 or more ranks in {', '.join(files)}")
-    fits = {}
+    fits, skipped = {}, []
     for a in ALGOS:
         if sum(q.algo == a for q in pts) >= (3 if overhead else 2):
-            fits[a] = fit(pts, a, op, segment=segment, overhead=overhead, holdout=holdout)
+            try:
+                fits[a] = fit(pts, a, op, segment=segment, overhead=overhead, holdout=holdout)
+            except ModelError as exc:  # the other algorithm's fit still stands
+                skipped.append(str(exc))
     if not fits:
-        raise ModelError(f"too few {op} rows of backend {backend!r} per algorithm to fit: "
-                         + ", ".join(f"{a} {sum(q.algo == a for q in pts)}" for a in ALGOS))
-    return fits, goodputs
+        raise ModelError(f"no algorithm could be fitted to the {op} rows of backend {backend!r}: "
+                         + ("; ".join(skipped) if skipped else
+                            ", ".join(f"{a} {sum(q.algo == a for q in pts)} rows" for a in ALGOS)))
+    return fits, goodputs, [f"not fitted: {why}" for why in skipped]
+
+
+def libmccl_alpha(fits: dict, op: str = "all_reduce") -> tuple[float, float, str] | None:
+    """(alpha, beta, where alpha came from) for MCCL_ALPHA_BETA: select.c compares chunks against
+    alpha x beta, the crossover of the paper's max(alpha, c/beta) form, so the ring is refitted in
+    that form when it was fitted with segments; the ring's alpha when its points identify it, else
+    doubling's per-round cost; the ring's beta. None when neither gives an alpha."""
+    if "ring" not in fits:
+        return None
+    ring = fits["ring"] if fits["ring"].params.segment == 0 else fit(fits["ring"].points, "ring", op)
+    if ring.alpha_identified:
+        how = "the ring's" + (", fitted as max(alpha, c/beta)" if fits["ring"].params.segment else "")
+        return ring.params.alpha, ring.params.beta, how
+    if "doubling" in fits:
+        return fits["doubling"].params.alpha, ring.params.beta, "doubling's"
+    return None
 
 
 def describe(f: Fit) -> str:
@@ -784,30 +846,25 @@ def describe(f: Fit) -> str:
 
 def _cmd_fit(a) -> int:
     segment = a.segment_kb if a.segment_kb is not None else run_segment(a.files, a.backend)
-    fits, goodputs = _fits_from(a.files, a.backend, a.op, segment, a.overhead, a.holdout,
+    fits, goodputs, skipped = _fits_from(a.files, a.backend, a.op, segment, a.overhead, a.holdout,
                                 threshold=parse_size(a.threshold) if a.threshold else None,
                                 min_size=parse_size(a.min_size), max_size=parse_size(a.max_size) if a.max_size else None,
                                 algo=a.algo)
     print(f"# mccl.model fit: {a.op}, backend {a.backend}, {', '.join(a.files)}")
     if goodputs:
         print(f"# goodput in the file(s): {', '.join(f'{g / 1e9:.4f}' for g in sorted(set(goodputs)))} GB/s")
-    for f in fits.values():
-        print("# " + describe(f))
-    # libmccl's choices need the hop cost of latency-bound transfers (the ring's alpha when its
-    # points identify it, else doubling's per-round cost) and the link's goodput (the ring's beta).
-    # select.c compares chunks against alpha x beta, the paper's max(alpha, c/beta) crossover, so
-    # the setting comes from that form's fit (with segments, alpha is only the hop's cost beyond
-    # a frame's flight, a different quantity).
+    for line in [describe(f) for f in fits.values()] + skipped:
+        print("# " + line)
+    # libmccl's choices need the hop cost of latency-bound transfers and the link's goodput.
     if a.op == "all_reduce" and "ring" in fits:
-        ring = fits["ring"] if fits["ring"].params.segment == 0 else fit(fits["ring"].points, "ring", a.op)
-        alpha = ring.params.alpha if ring.alpha_identified else (
-            fits["doubling"].params.alpha if "doubling" in fits else None)
-        if alpha is not None:
-            print(f"# for libmccl: alpha {alpha * 1e6:.2f} us"
-                  + ("" if ring.alpha_identified else " (doubling's)")
-                  + f" x beta {ring.params.beta / 1e9:.4f} GB/s (the ring's"
-                  + (", fitted as max(alpha, c/beta)" if fits["ring"].params.segment else "") + "): "
-                  + alpha_beta_setting(alpha, ring.params.beta))
+        lib = libmccl_alpha(fits, a.op)
+        if lib is None:
+            print("# for libmccl: no setting: the ring's alpha is not identified by these points and there is "
+                  "no doubling fit to take it from")
+        else:
+            alpha, beta, how = lib
+            print(f"# for libmccl: alpha {alpha * 1e6:.2f} us ({how}) x beta {beta / 1e9:.4f} GB/s (the ring's): "
+                  + alpha_beta_setting(alpha, beta))
     hold = any(f.holdout is not None for f in fits.values())
     print(f"{'algo':>8} {'size (B)':>11} {'hosts':>5} {'measured us':>12} {'model us':>12} {'error':>8}"
           + (f" {'held out':>9}" if hold else "") + "  file")
@@ -837,12 +894,12 @@ def _cmd_predict(a) -> int:
     sizes = [v * unit for v in a.bucket_mb]
     if a.fit:
         segment = a.segment_kb if a.segment_kb is not None else run_segment(a.fit, a.backend)
-        fits, goodputs = _fits_from(a.fit, a.backend, segment=segment)
+        fits, goodputs, skipped = _fits_from(a.fit, a.backend, segment=segment)
         if "ring" not in fits:
             raise ModelError(f"{', '.join(a.fit)}: no ring rows to fit (sizes >= 256 KiB)")
         ring = fits["ring"].params
         dbl = fits["doubling"].params if "doubling" in fits else None
-        notes = [describe(f) for f in fits.values()]
+        notes = [describe(f) for f in fits.values()] + skipped
         if not fits["ring"].alpha_identified:
             if dbl is None:
                 raise ModelError("the ring's alpha is not identified by these points and there is no doubling fit to "
@@ -871,7 +928,10 @@ def _cmd_predict(a) -> int:
           + (f"; doubling alpha = {dbl.alpha * 1e6:.2f} us, beta = {dbl.beta / 1e9:.4f} GB/s" if dbl else ""))
     for line in notes:
         print(f"# fit: {line}")
-    print(f"# for libmccl: {alpha_beta_setting(ring.alpha, ring.beta)} (alpha x beta, bytes)")
+    lib = libmccl_alpha(fits) if a.fit else (ring.alpha, ring.beta, "")
+    if lib is not None:
+        print(f"# for libmccl: {alpha_beta_setting(lib[0], lib[1])} (alpha x beta, bytes"
+              + (f"; alpha {lib[2]}, fitted as `fit` prints it" if a.fit else "") + ")")
     if a.uplink_gbs is not None or a.inter_alpha_us is not None:
         print(f"# inter-group: alpha = {(inter or ring).alpha * 1e6:.2f} us"
               + (f", uplink {a.uplink_gbs:g} GB/s per group shared by its rings" if a.uplink_gbs is not None else ""))
@@ -879,12 +939,20 @@ def _cmd_predict(a) -> int:
           f"groups: the two-level ring's layout")
     for S in sizes:
         nstar = crossover_hosts(S, ring)
+        if math.isinf(ring.segment):
+            print(f"# {format_size(S)} ({S:.0f} B): additive steps are never purely bandwidth-bound; alpha and "
+                  f"c/beta are equal at n = S/(alpha*beta) = {nstar:.1f} hosts")
+            continue
         print(f"# {format_size(S)} ({S:.0f} B): flat ring crossover n* = "
-              + (f"S/c*, c* = {crossover_chunk(ring):.0f} B" if ring.segment and math.isfinite(ring.segment)
+              + (f"S/c*, c* = {crossover_chunk(ring):.0f} B" if ring.segment
                  else "S/(alpha*beta)") + f" = {nstar:.1f} hosts"
               + (f": bandwidth-bound up to {math.ceil(nstar) - 1} hosts" if math.isfinite(nstar) else ""))
     print(format_table(rows, goodput))
     if a.plot:
+        if os.path.splitext(a.plot)[1].lower() not in (".png", ".pdf", ".svg"):
+            raise ModelError(f"--plot {a.plot}: give a .png, .pdf or .svg file")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(a.plot))):
+            raise ModelError(f"--plot {a.plot}: no such directory")
         plot(rows, goodput, a.plot, f"mccl.model: {source}, alpha {ring.alpha * 1e6:.1f} us, "
              f"beta {ring.beta / 1e9:.3f} GB/s", ring, dbl, **layout)
         print(f"# wrote {a.plot}")
@@ -898,6 +966,9 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_fit(a) if a.cmd == "fit" else _cmd_predict(a)
     except ModelError as exc:
         ap.exit(2, f"{ap.prog} {a.cmd}: error: {exc}\n")
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -189,7 +189,8 @@ def test_fit_cli_on_our_bench_file(capsys):
     assert model.main(["fit", BENCH, "--backend", "mccl", "--op", "all_reduce", "--holdout"]) == 0
     out = capsys.readouterr().out
     assert "# ring: 6 points, alpha = " in out and "# doubling: 4 points" in out
-    assert out.count(" collectives.json") == 10
+    rows = [line for line in out.splitlines() if line.split()[:1] in (["ring"], ["doubling"])]
+    assert len(rows) == 10 and all(line.endswith(f" {BENCH}") for line in rows)  # its file, as given
     # The setting printed is the fitted ring's alpha x beta, in whole bytes.
     ring = model.fit(model.points_from([BENCH], backend="mccl", op="all_reduce")[0], "ring")
     assert ring.alpha_identified
@@ -217,11 +218,14 @@ def test_fit_models_the_segment_the_runs_used(tmp_path, capsys):
     assert model.run_segment([plain]) == 256 * 1024
     assert model.run_segment([big, big]) == 1 << 20
     assert model.run_segment([plain, big], backend="gloo") == 0
-    with pytest.raises(model.ModelError, match=r"different ring segments.*plain.json: 256 KiB.*big.json: 1024 KiB"):
+    with pytest.raises(model.ModelError, match=r"different ring segments.*/plain.json: 256 KiB.*/big.json: 1024 KiB"):
         model.run_segment([plain, big])
-    bad = with_env(BENCH, tmp_path / "bad.json", {"MCCL_SEGMENT_BYTES": "lots"})
-    with pytest.raises(model.ModelError, match="bad.json: MCCL_SEGMENT_BYTES='lots'"):
-        model.run_segment([bad])
+    # What libmccl does with a setting it refuses (csrc/core/param.c): warn and run the default.
+    for raw in ("lots", "0", "1K", "4095", "2G", "1e5", "64KB", " 64K", "inf", "1e400", True):
+        odd = with_env(BENCH, tmp_path / "odd.json", {"MCCL_SEGMENT_BYTES": raw})
+        assert model.run_segment([odd]) == 256 * 1024, raw
+    for raw, v in (("4096", 4096), ("64k", 64 << 10), ("0100000", 100000), ("1G", 1 << 30)):
+        assert model.run_segment([with_env(BENCH, tmp_path / "ok.json", {"MCCL_SEGMENT_BYTES": raw})]) == v
     assert model.main(["fit", big]) == 0
     assert "segment 1024 KiB" in capsys.readouterr().out
     assert model.main(["fit", plain, "--segment-kb", "0"]) == 0
@@ -257,6 +261,66 @@ def test_held_out_sizes_on_our_six_round_run():
     pts, _ = model.points_from([path], min_size=1 << 20)
     f = model.fit(pts, "ring", segment=model.run_segment([path]), holdout="size")
     assert len(pts) == 5 and max(abs(f.holdout)) < 0.02
+
+
+def test_predict_from_a_fit_prints_the_setting_fit_prints(capsys):
+    assert model.main(["fit", BENCH]) == 0
+    setting = [w for w in capsys.readouterr().out.split() if w.startswith("MCCL_ALPHA_BETA=")]
+    assert setting == ["MCCL_ALPHA_BETA=34305"]
+    assert model.main(["predict", "--hosts", "8", "--bucket-mb", "25", "--fit", BENCH]) == 0
+    assert "# for libmccl: MCCL_ALPHA_BETA=34305 (" in capsys.readouterr().out
+
+
+def test_one_algorithm_that_cannot_be_fitted_leaves_the_other(tmp_path, capsys):
+    # Doubling times that do not grow with size: its beta is undetermined; the ring still fits.
+    data = json.load(open(BENCH))
+    for r in data["results"]:
+        if r.get("backend") == "mccl" and r.get("op") == "all_reduce" and r["size"] < 256 * 1024:
+            r["time_us"] = 300.0 - r["size"] / 1024
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps(data))
+    assert model.main(["fit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "# not fitted: doubling: the points do not determine beta" in out and "# ring: 6 points" in out
+    assert model.main(["predict", "--hosts", "12", "--bucket-mb", "1", "--fit", str(path)]) == 0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("time_us", "abc", r"results\[\d+\]: not a timed row"),
+    ("time_us", None, r"results\[\d+\]: not a timed row"),
+    ("time_us", 0, r"results\[\d+\]: time_us must be a finite number > 0"),
+    ("size", "big", r"results\[\d+\]: not a timed row"),
+    ("nranks", "eight", r"results\[\d+\]: not a timed row"),
+    ("size", None, r"results\[\d+\]: not a timed row"),
+])
+def test_a_malformed_row_is_named(tmp_path, capsys, field, value, message):
+    data = json.load(open(BENCH))
+    row = next(r for r in data["results"] if r.get("backend") == "mccl" and r.get("op") == "all_reduce")
+    row[field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as exc:
+        model.main(["fit", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and str(path) in err
+    import re
+    assert re.search(message, err), err
+
+
+def test_cli_edges(tmp_path, capsys):
+    for argv, message in ((["predict", "--hosts", "1,8"], "host counts >= 2"),
+                          (["predict", "--uplink-gbs", "0"], "--uplink-gbs"),
+                          (["predict", "--plot", str(tmp_path / "x.txt")], "give a .png, .pdf or .svg"),
+                          (["predict", "--plot", str(tmp_path / "no" / "x.png")], "no such directory")):
+        with pytest.raises(SystemExit) as exc:
+            model.main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err, argv
+    assert model.main(["predict", "--hosts", "8", "--bucket-mb", "25", "--segment-kb", "inf"]) == 0
+    assert "additive steps are never purely bandwidth-bound" in capsys.readouterr().out
+    # A reader that stops early (`| head -1`) is not an error.
+    r = subprocess.run(f"{sys.executable} -m mccl.model fit {BENCH} --holdout | head -1", shell=True,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+    assert r.stdout.startswith("# mccl.model fit") and "Traceback" not in r.stderr, r.stderr
 
 
 HELD_OUT = [os.path.join(REPO, "bench", "results", d, f) for d, f in [
