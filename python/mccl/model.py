@@ -931,7 +931,7 @@ def _cmd_predict(a) -> int:
     lib = libmccl_alpha(fits) if a.fit else (ring.alpha, ring.beta, "")
     if lib is not None:
         print(f"# for libmccl: {alpha_beta_setting(lib[0], lib[1])} (alpha x beta, bytes"
-              + (f"; alpha {lib[2]}, fitted as `fit` prints it" if a.fit else "") + ")")
+              + ("; as `fit` prints it for these files" if a.fit else "") + ")")
     if a.uplink_gbs is not None or a.inter_alpha_us is not None:
         print(f"# inter-group: alpha = {(inter or ring).alpha * 1e6:.2f} us"
               + (f", uplink {a.uplink_gbs:g} GB/s per group shared by its rings" if a.uplink_gbs is not None else ""))
