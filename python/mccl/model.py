@@ -711,9 +711,8 @@ def _segment(text: str) -> float:
 
 
 def _add_model_args(p: argparse.ArgumentParser, for_predict: bool) -> None:
-    default = ("the segment the files' mccl runs used (their MCCL_SEGMENT_BYTES, else 256), 0 for other "
-               "backends; without --fit, 0" if for_predict else "the segment the files' mccl runs used (their "
-               "MCCL_SEGMENT_BYTES, else 256), 0 for other backends")
+    default = ("the segment the files' mccl runs used (their MCCL_SEGMENT_BYTES, else 256), 0 for other backends"
+               + ("; without --fit, 0" if for_predict else ""))
     p.add_argument("--segment-kb", type=_segment, default=None, metavar="KB",
                    help="KiB a ring step forwards whole: step = max(c/beta, alpha + s/beta); 0 is the paper's "
                         f"max(alpha, c/beta), 'inf' the additive alpha + c/beta. Default: {default}")
@@ -766,7 +765,7 @@ def _build_parser() -> argparse.ArgumentParser:
     src = pp.add_mutually_exclusive_group()
     src.add_argument("--fit", metavar="FILE.json", nargs="+", help="fit alpha and beta to these mccl.bench files")
     src.add_argument("--alpha-us", type=_positive, default=None, help="per-hop cost in us (default 306, the paper's)")
-    pp.add_argument("--goodput-gbs", type=_floats, default=None, metavar="GBS",
+    pp.add_argument("--goodput-gbs", type=_floats_one, default=None, metavar="GBS",
                     help="TCP goodput beta in GB/s (default 1.238, the paper's); with --fit, the %%goodput reference")
     grp = pp.add_mutually_exclusive_group()
     grp.add_argument("--groups", type=int, default=None, help="number of groups (switches) for the two-level ring")
@@ -888,8 +887,6 @@ def _cmd_predict(a) -> int:
         raise ModelError(f"--groups must be >= 1 (got {a.groups})")
     if a.group_size is not None and a.group_size < 1:
         raise ModelError(f"--group-size must be >= 1 (got {a.group_size})")
-    if a.goodput_gbs is not None and len(a.goodput_gbs) != 1:
-        raise ModelError("--goodput-gbs takes one number")
     unit = 1 << 20 if a.mib else 1e6
     sizes = [v * unit for v in a.bucket_mb]
     if a.fit:
@@ -906,14 +903,14 @@ def _cmd_predict(a) -> int:
                                  "take it from")
             ring = replace(ring, alpha=dbl.alpha)
             notes.append(f"the ring uses the doubling fit's alpha, {dbl.alpha * 1e6:.2f} us")
-        goodput = a.goodput_gbs[0] * 1e9 if a.goodput_gbs else (goodputs[0] if goodputs else ring.beta)
+        goodput = a.goodput_gbs * 1e9 if a.goodput_gbs else (goodputs[0] if goodputs else ring.beta)
         if dbl is not None and dbl.beta > goodput * 1.01:
             notes.append(f"doubling's beta ({dbl.beta / 1e9:.3f} GB/s) exceeds the goodput: its small sizes beat the "
                          "link (on the emulated cluster, tbf's burst), so its large-size rows are optimistic")
         source = f"fitted to {', '.join(a.fit)}"
     else:
         alpha = (a.alpha_us if a.alpha_us is not None else PAPER_ALPHA_S * 1e6) * 1e-6
-        beta = a.goodput_gbs[0] * 1e9 if a.goodput_gbs else PAPER_BETA_BPS
+        beta = a.goodput_gbs * 1e9 if a.goodput_gbs else PAPER_BETA_BPS
         ring = Params(alpha, beta, a.segment_kb or 0.0)
         dbl, goodput, notes = None, beta, []
         source = "the paper's parameters" if (alpha, beta) == (PAPER_ALPHA_S, PAPER_BETA_BPS) else "given parameters"

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -303,7 +304,6 @@ def test_a_malformed_row_is_named(tmp_path, capsys, field, value, message):
         model.main(["fit", str(path)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and str(path) in err
-    import re
     assert re.search(message, err), err
 
 
