@@ -8,6 +8,7 @@
 #             base@OPS=all_gather+broadcast,SIZES=16M+64M sets them for one stage
 #   cc-NAME   every host's TCP congestion control set to NAME (cubic, bbr) for the later stages
 #   pin       the cluster again, each host pinned to 2 CPUs of its own (later stages run on it)
+#   hosts-N   the cluster again with N hosts (later stages run on it)
 #   tcp       per run of TCP_RUNS ("mccl gloo"; a run may be BACKEND@VAR=VAL): each host's TCP and
 #             tc counters before and after NTCP 64 MiB all-reduces (bench/netdiag.py reads them),
 #             and `ss -tin` of host 1's connections sampled every 20 ms while they run
@@ -33,7 +34,11 @@ trap 'exit 143' TERM  # `timeout` ends it: the EXIT trap still packs what the st
 up() {  # up HOSTS [CPUS]: a fresh cluster t0 (each host pinned to CPUS CPUs of its own) and its goodput in $GP
   cl down --id t0 >/dev/null 2>&1
   cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" ${2:+--cpus-per-host $2} > "$RES/cluster-$1.txt"
-  cl goodput --id t0 --seconds 5 | tee -a "$RES/cluster-$1.txt"
+  # --ring: also every host to the next at once (what the ring's streams cost each host, kept in the JSON)
+  cl goodput --id t0 --seconds 5 --ring --json > "$RES/goodput-$1${2:+p$2}.json" || exit 1
+  "$PY" -c "import json, sys; from mccl import cluster as c; g = json.load(open(sys.argv[1]))
+print('single-stream TCP goodput:', c.format_goodput(g)); print(c.format_ring_floor(g['ring_floor']))" \
+    "$RES/goodput-$1${2:+p$2}.json" | tee -a "$RES/cluster-$1.txt"
   GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster-$1.txt" | head -1 | cut -d' ' -f1)gbit
   NH=$1; TAG=$1${2:+p$2}  # e.g. 8, or 8p2 when pinned
 }
@@ -79,6 +84,7 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
             --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$F.json" > "$F.txt" 2>&1
           tail -30 "$F.txt" ;;
     pin) up "$NH" 2 ;;
+    hosts-*) up "${st#hosts-}" ;;
     cc-*) A=/proc/sys/net/ipv4/tcp_allowed_congestion_control  # a netns may pick only what the host allows
           grep -qw "${st#cc-}" $A || echo "$(cat $A) ${st#cc-}" > $A || exit 1
           for i in $(seq 0 $((NH - 1))); do  # every host's TCP congestion control (cc-cubic, cc-bbr)

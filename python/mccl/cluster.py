@@ -34,6 +34,7 @@ Commands (``python -m mccl.cluster <command> --help`` for options; all but ``sta
     exec     --host I -- CMD ARGS...        one command inside host I (no rank environment)
     goodput  [--server 0 --client 1]        single-stream TCP goodput between two hosts
              [--across-switches]            from switch 1's first host to host 0: an uplink's goodput
+             [--ring]                       also every host to the next at once (iperf3): the ring floor
 
 ``run`` gives every rank MASTER_ADDR/MASTER_PORT (host 0), RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME,
@@ -52,7 +53,11 @@ tool starts in host i (``run``'s ranks, ``exec``, the goodput tools) is pinned t
 socket sender/receiver; both measure one TCP stream's payload rate at the receiver after a
 warm-up second, which is what a ring link can carry, and the CPU the stream cost its sending and
 its receiving process (% of one core), the kernel's floor for a rank that sends and receives at
-that rate.
+that rate. ``--ring`` adds the ring floor: every host streams to the next at the same time, so each
+host sends and receives as a ring rank does, with the network's kernel work landing where it lands
+during a collective (on this emulation the veths', bridge's and tbf's softirqs are charged to
+whichever thread they interrupt); each host's sender plus receiver CPU is what a ring backend's
+engine is set against in the same run.
 
 The ``ip`` and ``tc`` binaries come from ``--iproute-dir DIR`` (or ``MCCL_IPROUTE_DIR``), else from
 ``PATH``, else from the repository's ``.tools/iproute`` that ``bench/bundle_iproute.sh`` fills on a
@@ -1018,6 +1023,65 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
         _stop(sink)
 
 
+def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301) -> dict:
+    """Every host streams to the next at once (host i -> host i+1 mod n, one iperf3 stream each), the
+    byte pattern of a ring collective without its work: what the network path alone costs a ring
+    rank on this machine. Returns ``{"streams": [{"client", "server", "bits_per_s",
+    "sender_cpu_pct", "receiver_cpu_pct"}, ...], "host_cpu_pct": [...]}``, where host i's CPU is
+    its sending process's plus its receiving process's (% of one core, kernel time included, as
+    iperf3 reports them). On the emulated cluster the veths', bridge's and tbf's softirq work is
+    charged to whichever thread it interrupts, so this is the floor to set a ring backend's
+    engine CPU against in the same run; iperf3's buffer stays in cache, a collective's tensors do
+    not. Needs iperf3 (bench/bundle_iproute.sh bundles it) and at least 2 hosts."""
+    if spec.hosts < 2:
+        raise ClusterError("the ring floor needs at least 2 hosts")
+    if not iperf3_path():
+        raise ClusterError("the ring floor needs iperf3 (apt-get install iperf3, or bench/bundle_iproute.sh)")
+    n = spec.hosts
+    servers = [subprocess.Popen(host_argv(spec, i, [iperf3_path(), "-s", "-1", "-B", spec.addr(i), "-p", str(port)]),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+               for i in range(n)]
+    results: list[dict | BaseException] = [ClusterError("no result")] * n
+
+    def client(i: int) -> None:
+        nxt = (i + 1) % n
+        try:
+            results[i] = {"client": i, "server": nxt,
+                          **goodput_iperf3_client(spec.addr(nxt), port, seconds, ns=spec.netns(i), cpus=spec.cpus(i))}
+        except BaseException as exc:  # reported below, with the host's name
+            results[i] = exc
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for s in servers:
+            _stop(s)
+    failed = [f"h{i} -> h{(i + 1) % n}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
+    if failed:
+        raise ClusterError("ring floor: " + "; ".join(failed))
+    streams = [r for r in results if isinstance(r, dict)]
+    if any(s["sender_cpu_pct"] is None or s["receiver_cpu_pct"] is None for s in streams):
+        raise ClusterError("ring floor: iperf3 reported no CPU figures")
+    # host i sends as streams[i]'s client and receives as streams[i - 1]'s server
+    host_cpu = [streams[i]["sender_cpu_pct"] + streams[i - 1]["receiver_cpu_pct"] for i in range(n)]
+    return {"streams": streams, "host_cpu_pct": host_cpu}
+
+
+def format_ring_floor(floor: dict) -> str:
+    """One line: the streams' goodput and the hosts' CPU, each as min / median / max."""
+    def mmm(xs: list[float], fmt: str) -> str:
+        xs = sorted(xs)
+        return " / ".join(fmt.format(x) for x in (xs[0], xs[len(xs) // 2], xs[-1]))
+    bits = [s["bits_per_s"] / 1e9 for s in floor["streams"]]
+    return (f"ring floor ({len(bits)} streams at once, h[i] -> h[i+1]): goodput min / median / max "
+            f"{mmm(bits, '{:.3f}')} Gbit/s; per host, its sender + its receiver: {mmm(floor['host_cpu_pct'], '{:.0f}')}% "
+            f"of a core")
+
+
 def stream_cpu(gp: dict) -> tuple[float, float] | None:
     """(sender, receiver) CPU % of a goodput result from :func:`measure_goodput`, or None when the
     tool did not report both."""
@@ -1228,6 +1292,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="measurement length, at least 1 (the first second is omitted: slow start and tbf's burst)")
     sp.add_argument("--tool", default="auto", choices=["auto", "iperf3", "python"],
                     help="iperf3 when installed (auto), or the Python socket fallback")
+    sp.add_argument("--ring", action="store_true",
+                    help="also every host to the next at once (iperf3): a ring's streams without its work, and "
+                         "what they cost each host's CPU (the floor for a ring backend's engine CPU)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
 
     return p
@@ -1314,6 +1381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server, client = across_switches_pair(spec, server, client)
             server, client = 0 if server is None else server, 1 if client is None else client
             gp = measure_goodput(spec, server, client, args.seconds, args.tool)
+            floor = measure_ring_floor(spec, args.seconds) if args.ring else None
             crosses = spec.switches > 1 and spec.switch_of(server) != spec.switch_of(client)
             path = f"link {spec.rate}" + (f", uplinks {spec.uplink_rate or spec.rate}" if crosses else "")
             if args.json:
@@ -1321,12 +1389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "server": server, "client": client, "switches": [spec.switch_of(server),
                                                                                    spec.switch_of(client)],
                                   "uplink_rate": (spec.uplink_rate or spec.rate) if crosses else None,
-                                  "path_bits_per_s": spec.path_rate(server, client)}))
+                                  "path_bits_per_s": spec.path_rate(server, client),
+                                  **({"ring_floor": floor} if floor else {})}))
             else:
                 where = (f" (switch {spec.switch_of(client)} -> switch {spec.switch_of(server)})"
                          if spec.switches > 1 else "")
                 print(f"single-stream TCP goodput h{client} -> h{server}{where}: {format_goodput(gp)} "
                       f"[{gp['tool']}; {path}]")
+                if floor:
+                    print(format_ring_floor(floor))
         return 0
     except ClusterError as exc:
         print(f"mccl.cluster: error: {exc}", file=sys.stderr)

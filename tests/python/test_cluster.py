@@ -71,10 +71,18 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
         assert "tbf" in sh.tc_("-n", spec.netns(i), "qdisc", "show", "dev", "eth0").stdout
         assert "tbf" in sh.tc_("qdisc", "show", "dev", spec.veth(i)).stdout
 
-    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "3", "--json").stdout)
+    gp = json.loads(tool("goodput", "--id", cluster_id, "--seconds", "3", "--ring", "--json").stdout)
     # tbf caps the link at 1 Gbit/s; a loaded 2-core machine may deliver less, but not far less.
     assert 0.3e9 < gp["bits_per_s"] <= 1.02e9, gp
     assert 0 < gp["sender_cpu_pct"] < 400 and 0 < gp["receiver_cpu_pct"] < 400, gp
+    # --ring: both hosts stream to the other at once; each host's CPU is its sender's plus its receiver's.
+    floor = gp["ring_floor"]
+    assert [(s["client"], s["server"]) for s in floor["streams"]] == [(0, 1), (1, 0)], floor
+    assert all(0.3e9 < s["bits_per_s"] <= 1.02e9 for s in floor["streams"]), floor
+    for i in range(2):
+        assert floor["host_cpu_pct"][i] == pytest.approx(floor["streams"][i]["sender_cpu_pct"]
+                                                         + floor["streams"][1 - i]["receiver_cpu_pct"]), floor
+        assert 0 < floor["host_cpu_pct"][i] < 800, floor
 
     out_json = tmp_path / "c.json"
     proc = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", cluster_id, "--sizes", "1K,256K", "-n", "2",

@@ -262,6 +262,18 @@ def device_line(meta: dict) -> str:
 # CPU and memory probes (Linux /proc; psutil elsewhere)
 # ---------------------------------------------------------------------------------------------
 
+def thread_names(pattern: str) -> list[str]:
+    """The names of this process's threads that match ``pattern``, sorted (e.g. mccl-engine, mccl-send)."""
+    rx, names = re.compile(pattern), []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # the thread ended
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if rx.search(name):
+                names.append(name)
+    return sorted(names)
+
+
 def _thread_cpu(pattern: str) -> tuple[float, int]:
     """(CPU seconds, number of threads) over this process's threads whose name matches ``pattern``.
 
@@ -324,8 +336,10 @@ def cpu_source_note(backends: list[str]) -> dict:
     for b in backends:
         n = CpuProbe(b).engine_threads()
         if n:
-            notes[b] = (f"engine: {n} thread(s) named /{ENGINE_THREADS[b]}/ (every group of this backend in "
-                        f"the process, idle ones included)")
+            names = thread_names(ENGINE_THREADS[b])
+            named = ", ".join(f"{k} x{names.count(k)}" if names.count(k) > 1 else k for k in dict.fromkeys(names))
+            notes[b] = (f"engine: {n} thread(s) named /{ENGINE_THREADS[b]}/ ({named}; every group of this backend "
+                        f"in the process, idle ones included)")
         else:
             notes[b] = (f"process: no thread is named /{ENGINE_THREADS.get(b, '-')}/ "
                         f"(unnamed engine thread), so this is the CPU of the whole rank process")
