@@ -9,6 +9,7 @@
 #   cc-NAME   every host's TCP congestion control set to NAME (cubic, bbr) for the later stages
 #   pin       the cluster again, each host pinned to 2 CPUs of its own (later stages run on it)
 #   hosts-N   the cluster again with N hosts (later stages run on it)
+#   rate-R    the cluster again with links at R (tc units: 10gbit; later stages run on it)
 #   tcp       per run of TCP_RUNS ("mccl gloo"; a run may be BACKEND@VAR=VAL): each host's TCP and
 #             tc counters before and after NTCP 64 MiB all-reduces (bench/netdiag.py reads them),
 #             and `ss -tin` of host 1's connections sampled every 20 ms while they run
@@ -32,15 +33,15 @@ cl() { "$PY" -m mccl.cluster --iproute-dir "$IPR" "$@"; }
 trap 'cl down --id t0 >/dev/null 2>&1; tar czf "${OUT:-/tmp}/results.tgz" "$RES"' EXIT
 trap 'exit 143' TERM  # `timeout` ends it: the EXIT trap still packs what the stages wrote
 up() {  # up HOSTS [CPUS]: a fresh cluster t0 (each host pinned to CPUS CPUs of its own) and its goodput in $GP
+  NH=$1; TAG=$1${2:+p$2}${RATE:+-$RATE}  # e.g. 8, 8p2 when pinned, 8-10gbit with RATE set
   cl down --id t0 >/dev/null 2>&1
-  cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" ${2:+--cpus-per-host $2} > "$RES/cluster-$1.txt"
+  cl up --id t0 --hosts "$1" --rate "${RATE:-5gbit}" ${2:+--cpus-per-host $2} > "$RES/cluster-$TAG.txt"
   # --ring: also every host to the next at once (what the ring's streams cost each host, kept in the JSON)
-  cl goodput --id t0 --seconds 5 --ring --json > "$RES/goodput-$1${2:+p$2}.json" || exit 1
+  cl goodput --id t0 --seconds 5 --ring --json > "$RES/goodput-$TAG.json" || exit 1
   "$PY" -c "import json, sys; from mccl import cluster as c; g = json.load(open(sys.argv[1]))
 print('single-stream TCP goodput:', c.format_goodput(g)); print(c.format_ring_floor(g['ring_floor']))" \
-    "$RES/goodput-$1${2:+p$2}.json" | tee -a "$RES/cluster-$1.txt"
-  GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster-$1.txt" | head -1 | cut -d' ' -f1)gbit
-  NH=$1; TAG=$1${2:+p$2}  # e.g. 8, or 8p2 when pinned
+    "$RES/goodput-$TAG.json" | tee -a "$RES/cluster-$TAG.txt"
+  GP=$(grep -o '[0-9.]* Gbit/s' "$RES/cluster-$TAG.txt" | head -1 | cut -d' ' -f1)gbit
 }
 snap() {  # snap FILE: TCP and tc counters of every host (the format bench/netdiag.py reads)
   for i in $(seq 0 $((NH - 1))); do
@@ -85,11 +86,12 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
           tail -30 "$F.txt" ;;
     pin) up "$NH" 2 ;;
     hosts-*) up "${st#hosts-}" ;;
+    rate-*) RATE=${st#rate-}; up "$NH" ;;
     cc-*) A=/proc/sys/net/ipv4/tcp_allowed_congestion_control  # a netns may pick only what the host allows
           grep -qw "${st#cc-}" $A || echo "$(cat $A) ${st#cc-}" > $A || exit 1
           for i in $(seq 0 $((NH - 1))); do  # every host's TCP congestion control (cc-cubic, cc-bbr)
             "$IPR/ip" netns exec "mccl-t0-h$i" sh -c "echo ${st#cc-} > /proc/sys/net/ipv4/tcp_congestion_control" || exit 1
-          done; "$IPR/ip" netns exec mccl-t0-h0 cat /proc/sys/net/ipv4/tcp_congestion_control | tee -a "$RES/cluster-$NH.txt" ;;
+          done; "$IPR/ip" netns exec mccl-t0-h0 cat /proc/sys/net/ipv4/tcp_congestion_control | tee -a "$RES/cluster-$TAG.txt" ;;
     tcp) mkdir -p "$RES/net"; tags=()  # runs numbered across tcp stages (k): no name is reused
          for run in ${TCP_RUNS:-mccl gloo}; do
            b=${run%%@*}; RE=; [ "$b" != "$run" ] && RE=${run#*@}; k=$((k + 1))

@@ -959,20 +959,30 @@ def iperf3_path() -> str | None:
 
 
 def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None = None,
-                          connect_timeout: float = 10, cpus: Sequence[int] | None = None) -> dict:
+                          connect_timeout: float = 10, cpus: Sequence[int] | None = None,
+                          started: list[subprocess.Popen] | None = None) -> dict:
     """Run ``iperf3 -c`` (in namespace ``ns``, pinned to ``cpus``) against a server already started
     on ``addr:port``. Returns ``{"bits_per_s", "sender_cpu_pct", "receiver_cpu_pct"}``: receiver
     bits/s (``end.sum_received``, omitting the first second) and iperf3's own CPU figures for the
-    client (sender) and server (receiver) processes, % of one core, kernel time included."""
+    client (sender) and server (receiver) processes, % of one core, kernel time included. Each
+    client process started is appended to ``started`` (when given), so a caller can stop it."""
     argv = ns_argv(ns, [iperf3_path() or "iperf3", "-c", addr, "-p", str(port), "-t", str(max(1, round(seconds))),
                         "-O", str(int(GOODPUT_OMIT_S)), "-J"], cpus)
     end = time.monotonic() + connect_timeout
     while True:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        if started is not None:
+            started.append(proc)
         try:
-            report = json.loads(proc.stdout)
+            out, err = proc.communicate(timeout=seconds + 60)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise ClusterError(f"iperf3 -c {addr}:{port} did not finish within {seconds + 60:g} s") from None
+        try:
+            report = json.loads(out)
         except json.JSONDecodeError:
-            report = {"error": proc.stderr.strip() or proc.stdout.strip()}
+            report = {"error": err.strip() or out.strip()}
         if "error" not in report:
             cpu = report["end"].get("cpu_utilization_percent", {})
             return {"bits_per_s": float(report["end"]["sum_received"]["bits_per_second"]),
@@ -998,12 +1008,20 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
         if not iperf3_path():
             raise ClusterError("iperf3 is not installed (apt-get install iperf3), use --tool python")
         srv = subprocess.Popen(host_argv(spec, server, [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        clients: list[subprocess.Popen] = []
         try:
-            return {**goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client)),
-                    "tool": tool}
+            gp = {**goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client),
+                                          started=clients), "tool": tool}
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                srv.wait(timeout=5)
+            if srv.returncode not in (0, None):  # it could not listen: whatever answered was not ours
+                raise ClusterError(f"h{server}'s iperf3 server on {addr}:{port}: "
+                                   f"{srv.stderr.read().strip()[-300:] or f'exit {srv.returncode}'}")
+            return gp
         finally:
-            _stop(srv)
+            for proc in [srv, *clients]:
+                _stop(proc)
     if tool != "python":
         raise ClusterError(f"unknown goodput tool {tool!r}: auto, iperf3 or python")
     sink = subprocess.Popen(host_argv(spec, server, [sys.executable, _HERE, "_sink", addr, str(port)]),
@@ -1038,29 +1056,50 @@ def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301
     if not iperf3_path():
         raise ClusterError("the ring floor needs iperf3 (apt-get install iperf3, or bench/bundle_iproute.sh)")
     n = spec.hosts
-    servers = [subprocess.Popen(host_argv(spec, i, [iperf3_path(), "-s", "-1", "-B", spec.addr(i), "-p", str(port)]),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-               for i in range(n)]
+    procs: list[subprocess.Popen] = []  # every iperf3 started, stopped on every way out (signals too)
+
+    def stop_all() -> None:
+        for p in list(procs):
+            _stop(p)
+
     results: list[dict | BaseException] = [ClusterError("no result")] * n
 
     def client(i: int) -> None:
         nxt = (i + 1) % n
         try:
             results[i] = {"client": i, "server": nxt,
-                          **goodput_iperf3_client(spec.addr(nxt), port, seconds, ns=spec.netns(i), cpus=spec.cpus(i))}
+                          **goodput_iperf3_client(spec.addr(nxt), port, seconds, ns=spec.netns(i), cpus=spec.cpus(i),
+                                                  started=procs)}
         except BaseException as exc:  # reported below, with the host's name
             results[i] = exc
 
-    try:
-        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        for s in servers:
-            _stop(s)
-    failed = [f"h{i} -> h{(i + 1) % n}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
+    with cleanup_on_signals(stop_all):
+        try:
+            servers = []
+            for i in range(n):
+                servers.append(subprocess.Popen(
+                    host_argv(spec, i, [iperf3_path(), "-s", "-1", "-B", spec.addr(i), "-p", str(port)]),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
+                procs.append(servers[-1])
+            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            # A server that could not listen (the port taken, say) exits at once with an error, and its
+            # client may have measured whatever else answers on that port: check every server's end.
+            failed = []
+            for i, srv in enumerate(servers):
+                try:
+                    srv.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                if srv.returncode not in (0, None):
+                    failed.append(f"h{i}'s iperf3 server on {spec.addr(i)}:{port}: "
+                                  f"{(srv.stderr.read() if srv.stderr else '').strip()[-300:] or f'exit {srv.returncode}'}")
+        finally:
+            stop_all()
+    failed += [f"h{i} -> h{(i + 1) % n}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
     if failed:
         raise ClusterError("ring floor: " + "; ".join(failed))
     streams = [r for r in results if isinstance(r, dict)]
@@ -1068,7 +1107,7 @@ def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301
         raise ClusterError("ring floor: iperf3 reported no CPU figures")
     # host i sends as streams[i]'s client and receives as streams[i - 1]'s server
     host_cpu = [streams[i]["sender_cpu_pct"] + streams[i - 1]["receiver_cpu_pct"] for i in range(n)]
-    return {"streams": streams, "host_cpu_pct": host_cpu}
+    return {"tool": "iperf3", "port": port, "streams": streams, "host_cpu_pct": host_cpu}
 
 
 def format_ring_floor(floor: dict) -> str:
@@ -1077,7 +1116,7 @@ def format_ring_floor(floor: dict) -> str:
         xs = sorted(xs)
         return " / ".join(fmt.format(x) for x in (xs[0], xs[len(xs) // 2], xs[-1]))
     bits = [s["bits_per_s"] / 1e9 for s in floor["streams"]]
-    return (f"ring floor ({len(bits)} streams at once, h[i] -> h[i+1]): goodput min / median / max "
+    return (f"ring floor ({len(bits)} iperf3 streams at once, h[i] -> h[i+1]): goodput min / median / max "
             f"{mmm(bits, '{:.3f}')} Gbit/s; per host, its sender + its receiver: {mmm(floor['host_cpu_pct'], '{:.0f}')}% "
             f"of a core")
 
@@ -1380,8 +1419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.across_switches:
                 server, client = across_switches_pair(spec, server, client)
             server, client = 0 if server is None else server, 1 if client is None else client
-            gp = measure_goodput(spec, server, client, args.seconds, args.tool)
-            floor = measure_ring_floor(spec, args.seconds) if args.ring else None
+            if args.ring and not iperf3_path():  # before the single stream, not after it
+                raise ClusterError("--ring needs iperf3 (apt-get install iperf3, or bench/bundle_iproute.sh)")
+            with cleanup_on_signals(lambda: None):  # SIGTERM/SIGHUP unwind like Ctrl-C: the iperf3s are stopped
+                gp = measure_goodput(spec, server, client, args.seconds, args.tool)
+                floor = measure_ring_floor(spec, args.seconds) if args.ring else None
             crosses = spec.switches > 1 and spec.switch_of(server) != spec.switch_of(client)
             path = f"link {spec.rate}" + (f", uplinks {spec.uplink_rate or spec.rate}" if crosses else "")
             if args.json:

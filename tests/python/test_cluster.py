@@ -83,6 +83,17 @@ def test_two_hosts_goodput_bench_and_clean_teardown(cluster_id, tmp_path):
         assert floor["host_cpu_pct"][i] == pytest.approx(floor["streams"][i]["sender_cpu_pct"]
                                                          + floor["streams"][1 - i]["receiver_cpu_pct"]), floor
         assert 0 < floor["host_cpu_pct"][i] < 800, floor
+    # A stranger holding the ring's port in host 0: its server cannot listen, and the run fails naming
+    # the server and the port rather than reporting whatever the stranger measured.
+    stranger = subprocess.Popen(cluster.ns_argv(spec.netns(0), [cluster.iperf3_path(), "-s", "-p", str(floor["port"])]),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(0.5)
+        bad = tool("goodput", "--id", cluster_id, "--seconds", "1", "--ring", check=False)
+        assert bad.returncode == 2 and f"h0's iperf3 server on {spec.addr(0)}:{floor['port']}" in bad.stderr, bad.stderr
+        assert "Address already in use" in bad.stderr, bad.stderr
+    finally:
+        cluster._stop(stranger)
 
     out_json = tmp_path / "c.json"
     proc = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", cluster_id, "--sizes", "1K,256K", "-n", "2",

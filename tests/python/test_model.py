@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mccl import model
@@ -343,6 +344,38 @@ def test_held_out_host_counts_on_our_runs():
     assert abs(err[(12, 1 << 20)]) < 0.04
     i = [k for k, q in enumerate(paper.points) if (q.nranks, q.size) == (12, 1 << 20)][0]
     assert paper.holdout[i] > 0.40
+
+
+ONE_MACHINE = os.path.join(REPO, "bench", "results", "device-trace-20261206-173830")
+ONE_MACHINE_DEFAULT = {n: os.path.join(ONE_MACHINE, f) for n, f in [
+    (4, "base4-SIZES_1M_4M_16M_64M.json"),
+    (8, "base8-OPS_all_reduce_all_gather_broadcast_SIZES_1M_4M_16M_64M.json"),
+    (12, "base12-SIZES_1M_4M_16M_64M.json")]}
+
+
+def test_host_counts_from_the_8_host_run_on_one_machine():
+    """The issue's acceptance, as a regression guard on committed runs: 4, 8 and 12 hosts measured on
+    one GPU machine in one device call (bench/NOTES.md, 2026-12-06 sixth session), MCCL's default
+    configuration at each count. Fitted to the 8-host run alone, the model predicts the 4- and
+    12-host times within 3% (measured: 0.42% at most); each host count held out from a fit to the
+    other two, and each size held out of the 8-host run, within 3% too (0.51% and 0.54%)."""
+    p8, _ = model.points_from([ONE_MACHINE_DEFAULT[8]], min_size=1 << 20)
+    seg = model.run_segment([ONE_MACHINE_DEFAULT[8]])
+    f8 = model.fit(p8, "ring", segment=seg, holdout="size")
+    assert len(f8.points) == 4 and max(abs(e) for e in f8.holdout) < 0.03
+    for n in (4, 12):
+        q, _ = model.points_from([ONE_MACHINE_DEFAULT[n]], min_size=1 << 20)
+        assert len(q) == 4 and all(p.nranks == n for p in q)
+        err = model.predict_points(q, f8.params, "ring") / np.array([p.time_s for p in q]) - 1
+        assert np.all(np.abs(err) < 0.03), (n, err)
+    files = list(ONE_MACHINE_DEFAULT.values())
+    pts, _ = model.points_from(files, min_size=1 << 20)
+    held = model.fit(pts, "ring", segment=model.run_segment(files), holdout="hosts")
+    assert len(held.points) == 12 and max(abs(e) for e in held.holdout) < 0.03
+    # The paper's max form on the same runs: 12 hosts at 1 MiB held out is far off (+49% measured).
+    paper = model.fit(pts, "ring", segment=0.0, holdout="hosts")
+    i = [k for k, q in enumerate(paper.points) if (q.nranks, q.size) == (12, 1 << 20)][0]
+    assert paper.holdout[i] > 0.30
 
 
 @pytest.mark.parametrize("argv, message", [
