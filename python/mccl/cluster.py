@@ -1044,13 +1044,14 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
 def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301) -> dict:
     """Every host streams to the next at once (host i -> host i+1 mod n, one iperf3 stream each), the
     byte pattern of a ring collective without its work: what the network path alone costs a ring
-    rank on this machine. Returns ``{"streams": [{"client", "server", "bits_per_s",
-    "sender_cpu_pct", "receiver_cpu_pct"}, ...], "host_cpu_pct": [...]}``, where host i's CPU is
+    rank on this machine. Returns ``{"tool": "iperf3", "port", "streams": [{"client", "server",
+    "bits_per_s", "sender_cpu_pct", "receiver_cpu_pct"}, ...], "host_cpu_pct": [...]}``, where host i's CPU is
     its sending process's plus its receiving process's (% of one core, kernel time included, as
     iperf3 reports them). On the emulated cluster the veths', bridge's and tbf's softirq work is
     charged to whichever thread it interrupts, so this is the floor to set a ring backend's
     engine CPU against in the same run; iperf3's buffer stays in cache, a collective's tensors do
-    not. Needs iperf3 (bench/bundle_iproute.sh bundles it) and at least 2 hosts."""
+    not. Needs iperf3 (bench/bundle_iproute.sh bundles it) and at least 2 hosts; a server that cannot
+    listen on ``port`` (taken) or a stream that fails raises ClusterError naming the host."""
     if spec.hosts < 2:
         raise ClusterError("the ring floor needs at least 2 hosts")
     if not iperf3_path():
