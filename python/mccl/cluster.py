@@ -992,6 +992,25 @@ def goodput_iperf3_client(addr: str, port: int, seconds: float, ns: str | None =
         time.sleep(0.1)  # the server is not listening yet
 
 
+def _iperf3_server(spec: ClusterSpec, host: int, port: int) -> subprocess.Popen:
+    """A one-off iperf3 server (``-s -1``) in ``host`` on its address and ``port``; its stderr is
+    kept for :func:`_server_failure`."""
+    return subprocess.Popen(host_argv(spec, host, [iperf3_path(), "-s", "-1", "-B", spec.addr(host), "-p", str(port)]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _server_failure(spec: ClusterSpec, host: int, port: int, srv: subprocess.Popen) -> str | None:
+    """Once its client is done: why ``host``'s server failed, else None. A server that could not
+    listen (its port taken) exits at once with an error, and whatever answered its client was not
+    ours."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        srv.wait(timeout=5)
+    if srv.returncode in (0, None):
+        return None
+    return (f"h{host}'s iperf3 server on {spec.addr(host)}:{port}: "
+            f"{srv.stderr.read().strip()[-300:] or f'exit {srv.returncode}'}")
+
+
 def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds: float = 5.0,
                     tool: str = "auto", port: int = 5201) -> dict:
     """Single-stream TCP goodput from host ``client`` to host ``server``: ``{"bits_per_s", "tool",
@@ -1007,17 +1026,13 @@ def measure_goodput(spec: ClusterSpec, server: int = 0, client: int = 1, seconds
     if tool == "iperf3":
         if not iperf3_path():
             raise ClusterError("iperf3 is not installed (apt-get install iperf3), use --tool python")
-        srv = subprocess.Popen(host_argv(spec, server, [iperf3_path(), "-s", "-1", "-B", addr, "-p", str(port)]),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        srv = _iperf3_server(spec, server, port)
         clients: list[subprocess.Popen] = []
         try:
             gp = {**goodput_iperf3_client(addr, port, seconds, ns=spec.netns(client), cpus=spec.cpus(client),
                                           started=clients), "tool": tool}
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                srv.wait(timeout=5)
-            if srv.returncode not in (0, None):  # it could not listen: whatever answered was not ours
-                raise ClusterError(f"h{server}'s iperf3 server on {addr}:{port}: "
-                                   f"{srv.stderr.read().strip()[-300:] or f'exit {srv.returncode}'}")
+            if failure := _server_failure(spec, server, port, srv):
+                raise ClusterError(failure)
             return gp
         finally:
             for proc in [srv, *clients]:
@@ -1057,12 +1072,7 @@ def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301
     if not iperf3_path():
         raise ClusterError("the ring floor needs iperf3 (apt-get install iperf3, or bench/bundle_iproute.sh)")
     n = spec.hosts
-    procs: list[subprocess.Popen] = []  # every iperf3 started, stopped on every way out (signals too)
-
-    def stop_all() -> None:
-        for p in list(procs):
-            _stop(p)
-
+    procs: list[subprocess.Popen] = []  # every iperf3 started, stopped on every way out
     results: list[dict | BaseException] = [ClusterError("no result")] * n
 
     def client(i: int) -> None:
@@ -1074,32 +1084,20 @@ def measure_ring_floor(spec: ClusterSpec, seconds: float = 5.0, port: int = 5301
         except BaseException as exc:  # reported below, with the host's name
             results[i] = exc
 
-    with cleanup_on_signals(stop_all):
-        try:
-            servers = []
-            for i in range(n):
-                servers.append(subprocess.Popen(
-                    host_argv(spec, i, [iperf3_path(), "-s", "-1", "-B", spec.addr(i), "-p", str(port)]),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
-                procs.append(servers[-1])
-            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            # A server that could not listen (the port taken, say) exits at once with an error, and its
-            # client may have measured whatever else answers on that port: check every server's end.
-            failed = []
-            for i, srv in enumerate(servers):
-                try:
-                    srv.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-                if srv.returncode not in (0, None):
-                    failed.append(f"h{i}'s iperf3 server on {spec.addr(i)}:{port}: "
-                                  f"{(srv.stderr.read() if srv.stderr else '').strip()[-300:] or f'exit {srv.returncode}'}")
-        finally:
-            stop_all()
+    try:
+        servers = []
+        for i in range(n):
+            servers.append(_iperf3_server(spec, i, port))
+            procs.append(servers[-1])
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = [f for i, srv in enumerate(servers) if (f := _server_failure(spec, i, port, srv))]
+    finally:  # Ctrl-C, and SIGTERM/SIGHUP as main() turns them into it, pass through here too
+        for p in list(procs):
+            _stop(p)
     failed += [f"h{i} -> h{(i + 1) % n}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
     if failed:
         raise ClusterError("ring floor: " + "; ".join(failed))

@@ -262,16 +262,21 @@ def device_line(meta: dict) -> str:
 # CPU and memory probes (Linux /proc; psutil elsewhere)
 # ---------------------------------------------------------------------------------------------
 
-def thread_names(pattern: str) -> list[str]:
-    """The names of this process's threads that match ``pattern``, sorted (e.g. mccl-engine, mccl-send)."""
-    rx, names = re.compile(pattern), []
+def _named_threads(pattern: str) -> list[tuple[str, str]]:
+    """(tid, name) of this process's threads whose name matches ``pattern`` (ended ones left out)."""
+    rx, found = re.compile(pattern), []
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # the thread ended
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
             if rx.search(name):
-                names.append(name)
-    return sorted(names)
+                found.append((tid, name))
+    return found
+
+
+def thread_names(pattern: str) -> list[str]:
+    """The names of this process's threads that match ``pattern``, sorted (e.g. mccl-engine, mccl-send)."""
+    return sorted(name for _, name in _named_threads(pattern))
 
 
 def _thread_cpu(pattern: str) -> tuple[float, int]:
@@ -279,13 +284,9 @@ def _thread_cpu(pattern: str) -> tuple[float, int]:
 
     Per thread, the first field of /proc/self/task/<tid>/schedstat (run time in ns), else utime +
     stime from .../stat (clock ticks, 10 ms resolution)."""
-    rx = re.compile(pattern)
     seconds, count = 0.0, 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid, _ in _named_threads(pattern):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not rx.search(f.read().strip()):
-                    continue
             try:
                 with open(f"/proc/self/task/{tid}/schedstat") as f:
                     seconds += int(f.read().split()[0]) / 1e9
@@ -311,9 +312,6 @@ class CpuProbe:
         self.pattern = ENGINE_THREADS.get(backend)
         self.has_proc = os.path.isdir("/proc/self/task")
 
-    def engine_threads(self) -> int:
-        return self._engine()[1]
-
     def _engine(self) -> tuple[float, int]:
         return _thread_cpu(self.pattern) if self.pattern and self.has_proc else (0.0, 0)
 
@@ -334,11 +332,11 @@ def cpu_source_note(backends: list[str]) -> dict:
     """Which CPU number each backend's column shows, and why (after the groups are created)."""
     notes = {}
     for b in backends:
-        n = CpuProbe(b).engine_threads()
-        if n:
-            names = thread_names(ENGINE_THREADS[b])
+        pattern = ENGINE_THREADS.get(b)
+        names = thread_names(pattern) if pattern and os.path.isdir("/proc/self/task") else []
+        if names:
             named = ", ".join(f"{k} x{names.count(k)}" if names.count(k) > 1 else k for k in dict.fromkeys(names))
-            notes[b] = (f"engine: {n} thread(s) named /{ENGINE_THREADS[b]}/ ({named}; every group of this backend "
+            notes[b] = (f"engine: {len(names)} thread(s) named /{pattern}/ ({named}; every group of this backend "
                         f"in the process, idle ones included)")
         else:
             notes[b] = (f"process: no thread is named /{ENGINE_THREADS.get(b, '-')}/ "
