@@ -139,11 +139,6 @@ static void traceWrite(mcclTransport* t, int peer, mcclConn* c, mcclXfer* x, ssi
   if ((size_t)n < offered) c->t_full = now; /* a short write: the socket is full again */
 }
 
-/* With a sender thread, a frame smaller than this that finds its queue empty is written by the
- * owner itself, right away: copying it costs less than waking the sender thread and being woken
- * back (a few microseconds each way), which is what small collectives' latency is made of. */
-#define MCCL_SEND_INLINE_BYTES (64 * 1024)
-
 /* The send `x` may leave: its gates (if any) all completed. */
 static int gatesOpen(const mcclXfer* x) {
   for (int i = 0; i < x->ngate; i++)
@@ -207,7 +202,11 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
   x->t_credit = 0;
   if (s != NULL) pthread_mutex_lock(&s->mu);
   int was_empty = c->sq_head == NULL;
-  if (s != NULL && was_empty && x->bytes < MCCL_SEND_INLINE_BYTES && c->fd >= 0 && !s->halted &&
+  /* With a sender thread, a frame under MCCL_SEND_INLINE_BYTES that finds its queue empty is
+   * written by the owner itself, right away: copying it costs less than waking the sender thread
+   * and being woken back when it completes (a few microseconds each way), which is what small
+   * collectives' latency is made of. */
+  if (s != NULL && was_empty && x->bytes < t->inline_max && c->fd >= 0 && !s->halted &&
       gatesOpen(x) && creditOpen(c, x)) {
     admit(t, peer, x);
     /* The queue is empty and we hold the lock, so the thread is not writing this socket. What

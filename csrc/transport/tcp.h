@@ -182,6 +182,9 @@ typedef struct mcclTransport {
   char self_addr[MCCL_ADDR_STRLEN];
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
   int idle;                       /* the last progress round had nothing to poll */
+  size_t inline_max;              /* MCCL_SEND_INLINE_BYTES: with a sender thread, frames smaller
+                                     than this that find their queue empty are written by the
+                                     owner at once (tcp.c, postSend) */
   int lowat_max;                  /* MCCL_RECV_LOWAT: the most bytes a socket's receive low-water
                                      mark asks for before poll() reports it readable; 0: never set */
   char error[768];                /* why the last call failed */
