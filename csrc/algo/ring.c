@@ -42,7 +42,27 @@ static mcclSeg segmentOf(const mcclRingPlan* p, int c, size_t nseg, size_t j) {
   return s;
 }
 
+static mcclResult_t ringRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p);
+
+/* A schedule that only copies tells the transport so for its duration (mcclTransportCopySchedule:
+ * without reductions to overlap, its engine may write its own frames). */
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p) {
+  int copy_only = 1;
+  for (int t = 0; t < p->nsteps; t++)
+    if (p->recv_chunk[t] >= 0 && p->recv_mode[t] != MCCL_RECV_COPY) copy_only = 0;
+  if (!copy_only) return ringRun(ctx, op, p);
+  size_t frame = p->segment_bytes ? p->segment_bytes : ctx->segment_bytes, chunk = 0;
+  for (int c = 0; c < p->nchunks; c++)
+    if (p->chunk_len[c] > chunk) chunk = p->chunk_len[c];
+  chunk *= mcclDataTypeSize(op->dtype);
+  if (chunk < frame) frame = chunk;
+  mcclTransportCopySchedule(ctx->tp, 1, frame);
+  mcclResult_t res = ringRun(ctx, op, p);
+  mcclTransportCopySchedule(ctx->tp, res == mcclSuccess ? 0 : -1, frame);
+  return res;
+}
+
+static mcclResult_t ringRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p) {
   const size_t esz = mcclDataTypeSize(op->dtype);
   size_t max_chunk = 0;
   for (int c = 0; c < p->nchunks; c++)

@@ -55,6 +55,10 @@ static mcclParam params[] = {
     /* Bytes: with a sender thread, a frame smaller than this that finds its link's queue empty is
      * written by the engine thread at once instead of handed over (transport/tcp.c). */
     {"MCCL_SEND_INLINE_BYTES", 64 * 1024, 0, 1 << 30, 0, NULL, 0},
+    /* 1: schedules that only copy (the broadcast chain, the all-gather ring) hand their frames to
+     * the sender thread like the others; 0: their engine thread writes them (transport/tcp.h,
+     * mcclTransportCopySchedule). */
+    {"MCCL_SEND_THREAD_COPY", 1, 0, 1, 0, NULL, 0},
     /* Bytes of point-to-point messages that arrived before their recv, parked per peer; past it
      * that peer's connection is not read until recvs claim them (TCP backpressure, core/p2p.c). */
     {"MCCL_P2P_PARK_BYTES", 64 << 20, 0, (int64_t)1 << 50, 0, NULL, 0},

@@ -206,7 +206,8 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
    * written by the owner itself, right away: copying it costs less than waking the sender thread
    * and being woken back when it completes (a few microseconds each way), which is what small
    * collectives' latency is made of. */
-  if (s != NULL && was_empty && x->bytes < t->inline_max && c->fd >= 0 && !s->halted &&
+  if (s != NULL && was_empty && (x->bytes < t->inline_max || t->owner_writes) && c->fd >= 0 &&
+      (!s->halted || t->owner_writes) &&
       gatesOpen(x) && creditOpen(c, x)) {
     admit(t, peer, x);
     /* The queue is empty and we hold the lock, so the thread is not writing this socket. What
@@ -231,7 +232,7 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
     pthread_mutex_unlock(&s->mu);
     /* A queue that was not empty is already in the thread's hands (being written, or waiting
      * for room in the socket); an empty one it has stopped looking at. */
-    if (was_empty) pipeWake(s->wake[1], &s->wake_pending);
+    if (was_empty && !t->owner_writes) pipeWake(s->wake[1], &s->wake_pending);
   }
 }
 
@@ -360,7 +361,7 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       if (t->trace && x->frame.type != MCCL_FRAME_CREDIT)
         traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
       atomic_store(&x->complete, 1); /* the last access: the owner may reuse x from here on */
-      if (s != NULL) mcclTransportWake(t);
+      if (s != NULL && !t->owner_writes) mcclTransportWake(t);
     }
   }
 }
@@ -567,7 +568,7 @@ static void creditPost(mcclTransport* t, int peer) {
     mcclTraceSpan(t->trace, mcclTraceRecvTrack(peer), MCCL_TRACE_REPORT, now, now, &a);
   }
   if (s != NULL) pthread_mutex_lock(&s->mu);
-  if (c->sq_head == NULL && (s == NULL || !s->halted)) {
+  if (c->sq_head == NULL && (s == NULL || !s->halted || t->owner_writes)) {
     /* Nobody is writing this socket (an empty queue, and the lock): write it now. */
     ssize_t n;
     do n = frameWrite(c->fd, x);
@@ -591,7 +592,7 @@ static void creditPost(mcclTransport* t, int peer) {
   }
   if (s != NULL) {
     pthread_mutex_unlock(&s->mu);
-    pipeWake(s->wake[1], &s->wake_pending);
+    if (!t->owner_writes) pipeWake(s->wake[1], &s->wake_pending);
   }
 }
 
@@ -609,7 +610,8 @@ static mcclResult_t creditArrived(mcclTransport* t, int peer, const mcclFrame* f
     mcclTraceSpan(t->trace, mcclTraceSendTrack(peer), MCCL_TRACE_GRANT, now, now, &a);
   }
   /* A send held for credit sits in the sender thread's queues, which it stopped looking at. */
-  if (t->sender != NULL && c->credit.window > 0) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
+  if (t->sender != NULL && !t->owner_writes && c->credit.window > 0)
+    pipeWake(t->sender->wake[1], &t->sender->wake_pending);
   return mcclSuccess;
 }
 
@@ -626,7 +628,7 @@ static void readerStops(mcclTransport* t, int peer) {
  * and report what the receives took when a report is due. */
 static void recvDone(mcclTransport* t, mcclConn* c) {
   mcclXfer* x = c->rq_head;
-  const int wake = x->gates_send && t->sender != NULL;
+  const int wake = x->gates_send && t->sender != NULL && !t->owner_writes;
   c->rq_head = x->next;
   if (c->rq_head == NULL) c->rq_tail = NULL;
   c->credit.taken += x->bytes;
@@ -982,7 +984,9 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
   }
   /* With a sender thread, queued sends are its to write: this thread only waits for their
    * completions (its wake pipe) while any are queued. Sends held for credit keep the round
-   * busy: it reads their connection for the report. */
+   * busy: it reads their connection for the report. In a copy-only schedule without the
+   * handoff (owner_writes) this thread writes them, as without a sender thread. */
+  if (t->owner_writes) snd = NULL;
   if (snd != NULL) {
     pthread_mutex_lock(&snd->mu);
     for (int r = 0; r < t->nranks; r++)
@@ -1073,11 +1077,28 @@ static void senderSetHalted(mcclSender* s, int halted) {
 
 mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
   mcclSender* snd = t->sender;
-  if (snd != NULL && snd->halted) senderSetHalted(snd, 0); /* only this thread writes `halted` */
+  if (snd != NULL && snd->halted && !t->owner_writes) senderSetHalted(snd, 0); /* only this thread writes `halted` */
   mcclResult_t res = progressRound(t, deadline_ns, abort_flag);
   /* The caller unwinds on an error, and the transfers it posted go with its frames. */
   if (res != mcclSuccess) mcclTransportHalt(t);
   return res;
+}
+
+void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
+  if (t->sender == NULL || (on > 0) == t->owner_writes) return;
+  if (on > 0) {
+    if (t->copy_handoff || frame_bytes < t->inline_max) return;
+    /* The thread lets go of the queues (it may be mid-frame: the owner resumes that frame from
+     * x->done, as the thread would have). */
+    mcclTransportHalt(t);
+    t->owner_writes = 1;
+    return;
+  }
+  t->owner_writes = 0;
+  /* After an error the thread stays halted (mcclTransportHalt's contract: the posted transfers
+   * are going away); else it takes the queues back now, credit reports queued behind the last
+   * frame included, rather than at the next collective's first progress round. */
+  if (on == 0) senderSetHalted(t->sender, 0);
 }
 
 void mcclTransportHalt(mcclTransport* t) {

@@ -182,6 +182,11 @@ typedef struct mcclTransport {
   char self_addr[MCCL_ADDR_STRLEN];
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
   int idle;                       /* the last progress round had nothing to poll */
+  int copy_handoff;               /* MCCL_SEND_THREAD_COPY: copy-only schedules hand their
+                                     frames to the sender thread too */
+  int owner_writes;               /* 1: a copy-only schedule runs with copy_handoff 0: the owner
+                                     writes every frame, the sender thread is halted
+                                     (mcclTransportCopySchedule) */
   size_t inline_max;              /* MCCL_SEND_INLINE_BYTES: with a sender thread, frames smaller
                                      than this that find their queue empty are written by the
                                      owner at once (tcp.c, postSend) */
@@ -284,6 +289,17 @@ mcclResult_t mcclTransportStartSender(mcclTransport* t);
 /* Join the sender thread (a no-op without one); the sends still queued stay queued and move on
  * the owner's thread again. mcclTransportFail and mcclTransportClose call it first. */
 void mcclTransportStopSender(mcclTransport* t);
+
+/* A schedule that only copies (no reduction: the broadcast chain, the all-gather ring) starts
+ * (on = 1), ends (on = 0), or ends with an error (on = -1: the sender thread stays halted, as
+ * mcclTransportHalt leaves it). With MCCL_SEND_THREAD_COPY=0 and a sender thread, the owner
+ * writes its own frames in between, as without a thread, and the sender thread waits: an owner
+ * with no reductions to overlap gains nothing from the handoff and pays a wake-up each way per
+ * frame (bench/NOTES.md, 2026-12-06 seventh session). Frames stay in posting order. Owner thread
+ * only; a no-op without a sender thread, with MCCL_SEND_THREAD_COPY=1, or for a schedule whose
+ * frames (frame_bytes, the largest payload) are under MCCL_SEND_INLINE_BYTES, which the owner
+ * writes itself anyway when their queue is empty. */
+void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
 
 /* Keep the sender thread (if any) off every posted transfer until the next
  * mcclTransportProgress: for an owner about to unwind after an error, whose posted transfers go
