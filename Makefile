@@ -63,14 +63,16 @@ CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectiv
 # dissemination (algo/algo.h), whose gated frames point-to-point sends must overtake, and
 # connects to its peers on first use (MCCL_RUNTIME_CONNECT's default above that many ranks), so
 # every failure and mismatch there must reach each rank through the links it has, or a NOTICE.
+# That pass also sets MCCL_SEND_THREAD_COPY=0: broadcast chains and all-gather rings then write
+# their frames on the engine thread while the sender thread waits (transport/tcp.h).
 CTEST_AGREE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
 	$(CTEST_ENV) MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(CTEST_BINS)
 	@echo "C tests again with MCCL_SEND_THREAD=0 (the engine thread sends) and MCCL_RECV_LOWAT=512K"
 	$(CTEST_ENV) MCCL_SEND_THREAD=0 MCCL_RECV_LOWAT=524288 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_INLINE)
-	@echo "C tests again with MCCL_ANNOUNCE_RANKS=0 (matches checked by dissemination)"
-	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_ANNOUNCE_RANKS=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_AGREE)
+	@echo "C tests again with MCCL_ANNOUNCE_RANKS=0 (matches checked by dissemination), MCCL_SEND_THREAD_COPY=0"
+	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_SEND_THREAD_COPY=0 MCCL_ANNOUNCE_RANKS=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_AGREE)
 
 # The library never ends the process: no abort(), exit() or assert() (mccl.h promises it).
 check-noabort: $(BUILD)/libmccl.a

@@ -84,6 +84,7 @@ int main(void) {
   expectNearMiss("MCCL_CLUSTER_ID", NULL);                       /* a Python tool's variable */
   expectNearMiss("MCCL_TEST_QUICK", NULL);
   const long long seg_default = 256 * 1024, depth_default = 4;
+  const long long copy_default = 1; /* MCCL_SEND_THREAD_COPY */
   expectValue("MCCL_SEGMENT_BYTES", "65536", 65536);
   expectValue("MCCL_SEGMENT_BYTES", "64K", 65536);
   expectValue("MCCL_SEGMENT_BYTES", "1m", 1 << 20);
@@ -108,6 +109,10 @@ int main(void) {
   expectValue("MCCL_SEND_THREAD", "1", 1);
   expectValue("MCCL_SEND_THREAD", "2", -1);
   expectValue("MCCL_SEND_THREAD", "yes", -1);
+  expectValue("MCCL_SEND_INLINE_BYTES", "128K", 131072);
+  expectValue("MCCL_SEND_INLINE_BYTES", "2G", 65536); /* above 1 GiB: the default */
+  expectValue("MCCL_SEND_THREAD_COPY", "0", 0);
+  expectValue("MCCL_SEND_THREAD_COPY", "2", copy_default);
   expectValue("MCCL_RING_THRESHOLD", "0", 0);
   expectValue("MCCL_ALPHA_BETA", "378828", 378828); /* the paper's 306 us x 1.238 GB/s */
   expectValue("MCCL_ALPHA_BETA", "64K", 65536);
