@@ -126,6 +126,7 @@ def _tensors_freed(rank: int, world_size: int) -> list:
     Futures derived by then() keep no reference after completion (a fresh-eyes test found every
     output kept alive by a registry of Futures, about one tensor per call)."""
     import gc
+    import time
     import weakref
 
     n = 70001
@@ -144,8 +145,16 @@ def _tensors_freed(rank: int, world_size: int) -> list:
         assert torch.equal(b, torch.full((n,), float(it)))
         refs = [weakref.ref(t) for t in (b, a, *outs)]
         del b, a, outs, work_b, work_a, child
-        gc.collect()
-        kept.append([r() is not None for r in refs])
+        # wait() returns once the Future completed; the completion thread lets go of the Work (and
+        # its outputs) just after, so allow it a moment. The leak kept them for good.
+        deadline = time.monotonic() + 10
+        while True:
+            gc.collect()
+            alive = [r() is not None for r in refs]
+            if not any(alive) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        kept.append(alive)
     return kept
 
 
