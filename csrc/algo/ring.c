@@ -42,38 +42,42 @@ static mcclSeg segmentOf(const mcclRingPlan* p, int c, size_t nseg, size_t j) {
   return s;
 }
 
-static mcclResult_t ringRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p);
+/* The schedule's geometry, computed once per run: every chunk has nseg segments of at most
+ * per_max elements, and each link carries at most `depth` of them at a time. */
+typedef struct {
+  size_t esz, seg_elems, nseg, per_max, nunits;
+  int depth;
+} mcclRingGeometry;
 
-/* A schedule that only copies tells the transport so for its duration (mcclTransportCopySchedule:
- * without reductions to overlap, its engine may write its own frames). */
+static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p, const mcclRingGeometry* g);
+
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p) {
-  int copy_only = 1;
-  for (int t = 0; t < p->nsteps; t++)
-    if (p->recv_chunk[t] >= 0 && p->recv_mode[t] != MCCL_RECV_COPY) copy_only = 0;
-  if (!copy_only) return ringRun(ctx, op, p);
-  size_t frame = p->segment_bytes ? p->segment_bytes : ctx->segment_bytes, chunk = 0;
-  for (int c = 0; c < p->nchunks; c++)
-    if (p->chunk_len[c] > chunk) chunk = p->chunk_len[c];
-  chunk *= mcclDataTypeSize(op->dtype);
-  if (chunk < frame) frame = chunk;
-  mcclTransportCopySchedule(ctx->tp, 1, frame);
-  mcclResult_t res = ringRun(ctx, op, p);
-  mcclTransportCopySchedule(ctx->tp, res == mcclSuccess ? 0 : -1, frame);
-  return res;
-}
-
-static mcclResult_t ringRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p) {
-  const size_t esz = mcclDataTypeSize(op->dtype);
+  mcclRingGeometry g = {.esz = mcclDataTypeSize(op->dtype)};
   size_t max_chunk = 0;
+  int copy_only = 1;
   for (int c = 0; c < p->nchunks; c++)
     if (p->chunk_len[c] > max_chunk) max_chunk = p->chunk_len[c];
   if (max_chunk == 0) return mcclSuccess;
-  size_t seg_elems = (p->segment_bytes ? p->segment_bytes : ctx->segment_bytes) / esz;
-  if (seg_elems == 0) seg_elems = 1;
-  const size_t nseg = (max_chunk + seg_elems - 1) / seg_elems;
-  const size_t per_max = (max_chunk + nseg - 1) / nseg;
-  const int depth = ctx->depth < 1 ? 1 : (ctx->depth > 64 ? 64 : ctx->depth);
-  const size_t nunits = (size_t)p->nsteps * nseg;
+  for (int t = 0; t < p->nsteps; t++)
+    if (p->recv_chunk[t] >= 0 && p->recv_mode[t] != MCCL_RECV_COPY) copy_only = 0;
+  g.seg_elems = (p->segment_bytes ? p->segment_bytes : ctx->segment_bytes) / g.esz;
+  if (g.seg_elems == 0) g.seg_elems = 1;
+  g.nseg = (max_chunk + g.seg_elems - 1) / g.seg_elems;
+  g.per_max = (max_chunk + g.nseg - 1) / g.nseg;
+  g.depth = ctx->depth < 1 ? 1 : (ctx->depth > 64 ? 64 : ctx->depth);
+  g.nunits = (size_t)p->nsteps * g.nseg;
+  /* A schedule that only copies tells the transport so for its duration (mcclTransportCopySchedule:
+   * without reductions to overlap, its engine may write its own frames of up to per_max elements). */
+  if (!copy_only) return ringLoop(ctx, op, p, &g);
+  mcclTransportCopySchedule(ctx->tp, 1, g.per_max * g.esz);
+  mcclResult_t res = ringLoop(ctx, op, p, &g);
+  mcclTransportCopySchedule(ctx->tp, res == mcclSuccess ? 0 : -1, g.per_max * g.esz);
+  return res;
+}
+
+static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* p, const mcclRingGeometry* g) {
+  const size_t esz = g->esz, seg_elems = g->seg_elems, nseg = g->nseg, per_max = g->per_max, nunits = g->nunits;
+  const int depth = g->depth;
 
   char* staging = mcclAlgoScratch(ctx, (size_t)depth * per_max * esz);
   if (staging == NULL) {

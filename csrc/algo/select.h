@@ -31,7 +31,7 @@ typedef enum {
                                   the whole input */
   MCCL_PLAN_BRUCK,             /* all-gather in ceil(log2 n) rounds */
   MCCL_PLAN_CHAIN,             /* broadcast: a pipelined chain of segments */
-  MCCL_PLAN_SCATTER_ALLGATHER, /* broadcast: scatter, then a ring all-gather */
+  MCCL_PLAN_SCATTER_ALLGATHER, /* broadcast: scatter, then a Bruck all-gather (doubling.c) */
   MCCL_PLAN_TREE,              /* broadcast, reduce: a binomial tree */
   MCCL_PLAN_PAIRWISE,          /* all-to-all(v): pairwise exchange, `window` steps at a time */
   MCCL_PLAN_TWO_LEVEL,         /* all-reduce: reduce-scatter in each topology group, all-reduce
