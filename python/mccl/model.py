@@ -76,6 +76,7 @@ alpha in us, beta in GB/s (1e9 B/s), buckets in MB (1e6 B, ``--mib`` for MiB).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -288,7 +289,18 @@ class Point:
 
 
 def load_rows(path: str) -> tuple[dict, list[dict]]:
-    """(meta, rows) of a ``mccl.bench`` JSON file: {"meta": ..., "results": [...]}."""
+    """(meta, rows) of a ``mccl.bench`` JSON file: {"meta": ..., "results": [...]}. A file is
+    parsed once per process while it stays unchanged (fit and segment checks both read it);
+    callers must not modify what it returns."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return _parse_rows(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_rows(path: str, _mtime_ns: int, _size: int) -> tuple[dict, list[dict]]:
     try:
         with open(path) as f:
             data = json.load(f)
