@@ -59,6 +59,10 @@ static mcclParam params[] = {
      * the sender thread like the others; 0: their engine thread writes them (transport/tcp.h,
      * mcclTransportCopySchedule). */
     {"MCCL_SEND_THREAD_COPY", 1, 0, 1, 0, NULL, 0},
+    /* % of a core: with a sender thread, the owner thread's load from which the thread takes the
+     * writing over (transport/tcp.h, mcclTransportCollectiveEnd); 0: the thread always writes;
+     * -1: the writing changes hands after every collective (tests). */
+    {"MCCL_SEND_THREAD_LOAD", 85, -1, 1000, 0, NULL, 0},
     /* Bytes of point-to-point messages that arrived before their recv, parked per peer; past it
      * that peer's connection is not read until recvs claim them (TCP backpressure, core/p2p.c). */
     {"MCCL_P2P_PARK_BYTES", 64 << 20, 0, (int64_t)1 << 50, 0, NULL, 0},
@@ -150,8 +154,7 @@ static void warnNearMisses(void) {
   }
 }
 
-static void paramsInit(void) {
-  warnNearMisses();
+static void paramsRead(void) {
   for (size_t i = 0; i < NPARAMS; i++) {
     mcclParam* p = &params[i];
     p->raw = getenv(p->name);
@@ -183,6 +186,16 @@ static void paramsInit(void) {
     }
     p->value = v;
   }
+}
+
+static void paramsInit(void) {
+  warnNearMisses();
+  paramsRead();
+}
+
+void mcclParamReload(void) {
+  pthread_once(&params_once, paramsInit);
+  paramsRead();
 }
 
 static mcclParam* paramFind(const char* name) {

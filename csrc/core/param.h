@@ -17,6 +17,13 @@ int64_t mcclParamInt(const char* name);
 /* A string parameter, or NULL when unset. */
 const char* mcclParamString(const char* name);
 
+/* Read every parameter from the environment again. For tests only: a forked rank whose parent
+ * already read them (listening for the store reads MCCL_TCP_CONGESTION) sets its own with setenv
+ * and then calls this (tests/c/harness.h: harnessSetenv). The caller must be the only thread of
+ * the process using the library; choices cached elsewhere (MCCL_ALGO's, the logger's level) are
+ * not re-read. */
+void mcclParamReload(void);
+
 /* Log every parameter that is set (called once by the logger). */
 void mcclParamLogAll(void);
 

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/param.h"
+
 /* LeakSanitizer normally checks at exit(), which forked ranks skip (_exit keeps them from running
  * the parent's atexit handlers and flushing its stdio twice). ASan builds check them here. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -191,4 +193,9 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg) {
   harness_checks++;
   if (failed) harness_failures++;
   return failed;
+}
+
+void harnessSetenv(const char* name, const char* value) {
+  setenv(name, value, 1);
+  mcclParamReload();
 }

@@ -66,6 +66,11 @@ int harnessRunRanks(int nranks, int deadline_s, harnessRankFn fn, void* arg);
  * its own (a child of the rank, which must not share the rank's). */
 extern int harness_store_port;
 
+/* Inside a child, before its first communicator: set an MCCL_* parameter for this rank alone.
+ * A plain setenv there changes nothing: the parent's store already read every parameter, and the
+ * child inherits what it read (core/param.h); this sets the variable and reads them all again. */
+void harnessSetenv(const char* name, const char* value);
+
 /* Inside a child: report a digest for cross-rank comparison. */
 void harnessReport(uint64_t digest);
 

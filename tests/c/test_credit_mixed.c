@@ -20,9 +20,9 @@
 
 /* Set before the rank's first communicator: this process's parameters are read once, then. */
 static void rankSettings(int rank) {
-  if (rank == 0) setenv("MCCL_CREDITS", "0", 1);
-  if (rank == 1) setenv("MCCL_PARK_BYTES", "4096", 1);
-  if (rank == 2) setenv("MCCL_PARK_BYTES", "0", 1);
+  if (rank == 0) harnessSetenv("MCCL_CREDITS", "0");
+  if (rank == 1) harnessSetenv("MCCL_PARK_BYTES", "4096");
+  if (rank == 2) harnessSetenv("MCCL_PARK_BYTES", "0");
 }
 
 static int mixedRank(int rank, int nranks, mcclStore_t* store, void* arg) {

@@ -43,7 +43,7 @@ static void testSegment(void) {
  * the 64 KiB floor; on 4 ranks the floor. */
 static int chainRank(int rank, int nranks, mcclStore_t* store, void* arg) {
   (void)arg;
-  setenv("MCCL_ALGO", "ring", 1);
+  harnessSetenv("MCCL_ALGO", "ring");
   mcclComm_t comm = harnessCommInit(rank, nranks, store);
   if (comm == NULL) return 1;
   int bad = 0;

@@ -81,8 +81,8 @@ static void testOrder(void) {
  * runs two-level all-reduces: exact sums, every rank's bytes equal (harnessReport). */
 static int twoLevelRank(int rank, int nranks, mcclStore_t* store, void* arg) {
   char group[2] = {((const char*)arg)[rank], 0};
-  setenv("MCCL_TOPOLOGY_GROUP", group, 1);
-  setenv("MCCL_ALGO", "twolevel", 1);
+  harnessSetenv("MCCL_TOPOLOGY_GROUP", group);
+  harnessSetenv("MCCL_ALGO", "twolevel");
   mcclComm_t comm = harnessCommInit(rank, nranks, store);
   if (comm == NULL) return 1;
   int bad = 0;
