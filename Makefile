@@ -54,7 +54,9 @@ CTEST_ENV ?=
 CTEST_SKIP ?=
 CTEST_BINS = $(filter-out $(CTEST_SKIP:%=$(BUILD)/tests/%),$(TEST_BINS))
 # Every test runs with the sender thread (MCCL_SEND_THREAD=1: its default, -1, would leave it off
-# for many ranks on few cores, as here), and the collectives, failures, mismatches and
+# for many ranks on few cores, as here) writing every frame (MCCL_SEND_THREAD_LOAD=0: the default
+# load rule would leave the writing to the engine thread at these loads), and the collectives,
+# failures, mismatches and
 # point-to-point tests again with MCCL_SEND_THREAD=0, where the engine thread writes the sockets
 # (and with MCCL_RECV_LOWAT on, so that its receive path is run whole as well).
 CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
@@ -64,15 +66,16 @@ CTEST_INLINE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectiv
 # connects to its peers on first use (MCCL_RUNTIME_CONNECT's default above that many ranks), so
 # every failure and mismatch there must reach each rank through the links it has, or a NOTICE.
 # That pass also sets MCCL_SEND_THREAD_COPY=0: broadcast chains and all-gather rings then write
-# their frames on the engine thread while the sender thread waits (transport/tcp.h).
+# their frames on the engine thread while the sender thread waits (transport/tcp.h), and
+# MCCL_SEND_THREAD_LOAD=-1: the writing changes hands between the threads after every collective.
 CTEST_AGREE = $(filter $(CTEST_BINS),$(addprefix $(BUILD)/tests/,test_collectives test_failures test_mismatch test_p2p))
 ctest: $(CTEST_BINS) check-noabort
 	@echo "C tests (test_failures provokes failures on purpose: its MCCL WARN lines are expected)"
-	$(CTEST_ENV) MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(CTEST_BINS)
+	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_SEND_THREAD_LOAD=0 tests/c/run_tests.sh $(CTEST_BINS)
 	@echo "C tests again with MCCL_SEND_THREAD=0 (the engine thread sends) and MCCL_RECV_LOWAT=512K"
 	$(CTEST_ENV) MCCL_SEND_THREAD=0 MCCL_RECV_LOWAT=524288 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_INLINE)
-	@echo "C tests again with MCCL_ANNOUNCE_RANKS=0 (matches checked by dissemination), MCCL_SEND_THREAD_COPY=0"
-	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_SEND_THREAD_COPY=0 MCCL_ANNOUNCE_RANKS=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_AGREE)
+	@echo "C tests again with MCCL_ANNOUNCE_RANKS=0 (matches checked by dissemination), MCCL_SEND_THREAD_COPY=0, MCCL_SEND_THREAD_LOAD=-1"
+	$(CTEST_ENV) MCCL_SEND_THREAD=1 MCCL_SEND_THREAD_COPY=0 MCCL_SEND_THREAD_LOAD=-1 MCCL_ANNOUNCE_RANKS=0 MCCL_TEST_QUICK=1 tests/c/run_tests.sh $(CTEST_AGREE)
 
 # The library never ends the process: no abort(), exit() or assert() (mccl.h promises it).
 check-noabort: $(BUILD)/libmccl.a
@@ -114,7 +117,7 @@ posix-check:
 	  echo "posix-check: the strict library calls the Linux-only functions above (csrc/core/platform.h)"; exit 1; fi
 	@echo "posix-check: the strict library calls none of the Linux-only functions"
 	@echo "C tests against the strict POSIX library (test_failures' MCCL WARN lines are expected)"
-	MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 MCCL_SEND_THREAD=1 tests/c/run_tests.sh $(POSIX_TESTS:%=$(POSIX_BUILD)/tests/%)
+	MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 MCCL_SEND_THREAD=1 MCCL_SEND_THREAD_LOAD=-1 tests/c/run_tests.sh $(POSIX_TESTS:%=$(POSIX_BUILD)/tests/%)
 	MCCL_TEST_QUICK=1 MCCL_TEST_NO_BENCH=1 MCCL_SEND_THREAD=0 tests/c/run_tests.sh $(POSIX_INLINE:%=$(POSIX_BUILD)/tests/%)
 
 # ---- sanitizers (docs/FUZZING.md) ---------------------------------------------------------------

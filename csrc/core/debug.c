@@ -133,6 +133,14 @@ int64_t mcclNowNs(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int64_t mcclThreadCpuNs(void) {
+#if MCCL_HAVE_THREAD_CPUTIME
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+#endif
+  return -1;
+}
+
 int64_t mcclDeadlineNs(int64_t timeout_ms) {
   const int64_t max_ms = INT64_MAX / 1000000 / 10; /* ~29 years: room for any uptime */
   if (timeout_ms < 0) timeout_ms = 0;

@@ -81,6 +81,11 @@ void mcclThreadSetNameOf(pthread_t thread, const char* name);
 /* Monotonic clock in nanoseconds. */
 int64_t mcclNowNs(void);
 
+/* CPU time the calling thread has used, in nanoseconds (user + system, including the kernel work
+ * the scheduler charges to it), or -1 where the platform has no thread CPU-time clock
+ * (core/platform.h: MCCL_HAVE_THREAD_CPUTIME). A system call on Linux (about 0.1-0.3 us). */
+int64_t mcclThreadCpuNs(void);
+
 /* mcclNowNs() + timeout_ms, without overflow: timeouts beyond about 29 years (which callers use
  * for "forever") are clamped to that, negative ones count as 0. */
 int64_t mcclDeadlineNs(int64_t timeout_ms);

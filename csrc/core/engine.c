@@ -177,7 +177,12 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
     TRACE(MCCL_SUB_COLL, "rank %d: start %s #%llu count %zu %s", comm->rank,
           mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
           mcclDtypeName(req->op.dtype));
+    /* Around the collective alone: its wall and CPU time drive the sender thread's load rule. */
+    size_t bytes = req->op.count * mcclDataTypeSize(req->op.dtype);
+    if (req->op.coll == MCCL_COLL_ALLGATHER || req->op.coll == MCCL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
+    mcclTransportCollectiveBegin(&comm->tp, bytes);
     res = runPremul(comm, req);
+    mcclTransportCollectiveEnd(&comm->tp, res);
   }
   /* Consistent failure: a peer whose notice that it failed this collective is already here makes
    * it fail here too, instead of succeeding on this rank alone (mcclTransportSettle, tcp.h). */

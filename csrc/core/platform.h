@@ -45,6 +45,10 @@
  *                           monotonic clock. Else (macOS) pthread_cond_timedwait_relative_np,
  *                           which waits a relative time, also unaffected by a step of the wall
  *                           clock. debug.c's mcclCondInit / mcclCondWaitUntil hide the difference.
+ *   MCCL_HAVE_THREAD_CPUTIME  clock_gettime(CLOCK_THREAD_CPUTIME_ID): the CPU time of the calling
+ *                           thread (POSIX thread CPU-time clocks: Linux, macOS 10.12 and later).
+ *                           Else mcclThreadCpuNs reports -1 and the sender thread's load rule is
+ *                           off (transport/tcp.h, MCCL_SEND_THREAD_LOAD).
  *   IFF_UP, IFF_LOOPBACK    the BSD interface flags getifaddrs reports. glibc shows them only
  *                           with _DEFAULT_SOURCE or _GNU_SOURCE (macOS only without
  *                           _POSIX_C_SOURCE or with _DARWIN_C_SOURCE); when hidden they are
@@ -55,6 +59,7 @@
 
 #include <net/if.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #if defined(__linux__) && defined(_GNU_SOURCE)
 #define MCCL_PLATFORM_LINUX_GNU 1
@@ -80,6 +85,12 @@
 #define MCCL_HAVE_COND_CLOCK 0
 #else
 #define MCCL_HAVE_COND_CLOCK 1
+#endif
+
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+#define MCCL_HAVE_THREAD_CPUTIME 1
+#else
+#define MCCL_HAVE_THREAD_CPUTIME 0
 #endif
 
 #if defined(MSG_NOSIGNAL)

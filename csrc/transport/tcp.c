@@ -41,6 +41,7 @@ struct mcclSender {
   int* pfd_peer;
   uint8_t* queued;            /* [nranks] the thread's scratch: peers with sends queued */
   uint8_t* owner_queued;      /* [nranks] the same, the owner's scratch (mcclTransportProgress) */
+  _Atomic int64_t cpu_ns;     /* the thread's CPU time as of its last wait (the load rule) */
 };
 
 /* The text of a lost connection: "rank P (addr) closed the connection while rank R was ...".
@@ -386,6 +387,7 @@ static void* senderMain(void* arg) {
   mcclThreadSetName("mccl-send");
   pthread_mutex_lock(&s->mu);
   for (;;) {
+    if (t->load_pct != 0) atomic_store(&s->cpu_ns, mcclThreadCpuNs());
     while ((s->halted || atomic_load(&s->failed)) && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
     if (s->stop) break;
     s->busy = 1;
@@ -416,6 +418,7 @@ static void* senderMain(void* arg) {
       s->pfds[np].fd = s->wake[0];
       s->pfds[np].events = POLLIN;
       s->pfds[np].revents = 0;
+      if (t->load_pct != 0) atomic_store(&s->cpu_ns, mcclThreadCpuNs());
       if (poll(s->pfds, (nfds_t)np + 1, 1000) > 0) {
         for (int k = 0; k < np; k++)
           if (s->pfds[k].revents != 0) t->conns[s->pfd_peer[k]].send_blocked = 0;
@@ -468,10 +471,13 @@ mcclResult_t mcclTransportStartSender(mcclTransport* t) {
     fcntl(s->wake[k], F_SETFD, FD_CLOEXEC);
   }
   for (int r = 0; r < t->nranks; r++) t->conns[r].send_blocked = 0;
+  /* Under the load rule the owner writes until its load says otherwise (mcclTransportCollectiveEnd). */
+  s->halted = t->owner_writes = t->load_pct != 0;
   t->sender = s;
   int rc = pthread_create(&s->thread, NULL, senderMain, t);
   if (rc != 0) {
     t->sender = NULL;
+    t->owner_writes = 0;
     snprintf(t->error, sizeof(t->error), "cannot start the sender thread: %s", strerror(rc));
     senderFree(s);
     return mcclSystemError;
@@ -490,6 +496,7 @@ void mcclTransportStopSender(mcclTransport* t) {
   pipeWake(s->wake[1], &s->wake_pending);
   pthread_join(s->thread, NULL);
   t->sender = NULL;
+  t->owner_writes = t->copy_owned = 0; /* no thread: the owner writes, as it always does then */
   senderFree(s);
 }
 
@@ -1084,21 +1091,72 @@ mcclResult_t mcclTransportProgress(mcclTransport* t, int64_t deadline_ns, atomic
   return res;
 }
 
-void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
-  if (t->sender == NULL || (on > 0) == t->owner_writes) return;
+/* The owner takes the writing over (on = 1: the sender thread halted, as it may be mid-frame, the
+ * owner resumes that frame from x->done as the thread would have) or hands it back (0; -1 after
+ * an error: the thread stays halted, mcclTransportHalt's contract, the posted transfers are going
+ * away). Handing back lets the thread take the queues at once, credit reports queued behind the
+ * last frame included, rather than at the next collective's first progress round. */
+static void ownerWrites(mcclTransport* t, int on) {
   if (on > 0) {
-    if (t->copy_handoff || frame_bytes < t->inline_max) return;
-    /* The thread lets go of the queues (it may be mid-frame: the owner resumes that frame from
-     * x->done, as the thread would have). */
     mcclTransportHalt(t);
     t->owner_writes = 1;
     return;
   }
   t->owner_writes = 0;
-  /* After an error the thread stays halted (mcclTransportHalt's contract: the posted transfers
-   * are going away); else it takes the queues back now, credit reports queued behind the last
-   * frame included, rather than at the next collective's first progress round. */
   if (on == 0) senderSetHalted(t->sender, 0);
+}
+
+void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
+  if (t->sender == NULL) return;
+  if (on > 0) {
+    if (t->owner_writes || t->copy_handoff || frame_bytes < t->inline_max) return;
+    ownerWrites(t, 1);
+    t->copy_owned = 1;
+    return;
+  }
+  if (!t->copy_owned) return; /* the load rule's writes, or the thread's: not this schedule's */
+  t->copy_owned = 0;
+  ownerWrites(t, on);
+}
+
+/* The load rule's window: at least this much wall time of measured collectives per decision, and
+ * collectives from this size up (smaller ones are latency-bound and their frames mostly written
+ * inline anyway: postSend). */
+enum { kLoadWindowNs = 50 * 1000000, kLoadMinBytes = 1 << 20 };
+
+void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes) {
+  t->load_t0 = 0;
+  if (t->sender == NULL || t->load_pct == 0 || (t->load_pct > 0 && bytes < kLoadMinBytes)) return;
+  t->load_cpu0 = mcclThreadCpuNs() + atomic_load(&t->sender->cpu_ns);
+  t->load_t0 = mcclNowNs();
+}
+
+void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res) {
+  mcclSender* s = t->sender;
+  if (t->load_t0 == 0 || s == NULL || res != mcclSuccess) return; /* an error fails the communicator */
+  int64_t wall = mcclNowNs() - t->load_t0;
+  t->load_wall += wall;
+  t->load_cpu += mcclThreadCpuNs() + atomic_load(&s->cpu_ns) - t->load_cpu0;
+  t->load_t0 = 0;
+  const int helped = !t->owner_writes;
+  int want = !helped; /* MCCL_SEND_THREAD_LOAD=-1: every measured collective changes hands */
+  int64_t pct = -1;
+  if (t->load_pct > 0) {
+    if (t->load_wall < kLoadWindowNs) return;
+    pct = t->load_cpu * 100 / t->load_wall;
+    /* Hysteresis: the handoff itself costs CPU (a wake-up each way per frame), so the threads'
+     * load while helped is compared against 70% of the bound. */
+    want = helped ? pct * 10 >= (int64_t)t->load_pct * 7 : pct >= t->load_pct;
+  }
+  if (want != helped) {
+    ownerWrites(t, want ? 0 : 1);
+    t->load_flips++;
+    if (pct >= 0)
+      INFO(MCCL_SUB_NET, "rank %d: %s used %lld%% of a core over %.0f ms of collectives (MCCL_SEND_THREAD_LOAD=%d): "
+           "frames now written by %s", t->rank, helped ? "mccl-engine and mccl-send" : "mccl-engine",
+           (long long)pct, (double)t->load_wall / 1e6, t->load_pct, want ? "mccl-send" : "mccl-engine");
+  }
+  t->load_wall = t->load_cpu = 0;
 }
 
 void mcclTransportHalt(mcclTransport* t) {

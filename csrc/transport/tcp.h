@@ -184,9 +184,16 @@ typedef struct mcclTransport {
   int idle;                       /* the last progress round had nothing to poll */
   int copy_handoff;               /* MCCL_SEND_THREAD_COPY: copy-only schedules hand their
                                      frames to the sender thread too */
-  int owner_writes;               /* 1: a copy-only schedule runs with copy_handoff 0: the owner
-                                     writes every frame, the sender thread is halted
-                                     (mcclTransportCopySchedule) */
+  int owner_writes;               /* 1: with a sender thread, the owner writes every frame and the
+                                     thread is halted: the load rule says so
+                                     (mcclTransportCollectiveEnd), or a copy-only schedule runs with
+                                     copy_handoff 0 (mcclTransportCopySchedule) */
+  int copy_owned;                 /* owner_writes is the copy-only schedule's, for its duration */
+  int load_pct;                   /* MCCL_SEND_THREAD_LOAD (0 where the platform has no thread
+                                     CPU clock): the load rule's bound, % of a core */
+  int64_t load_t0, load_cpu0;     /* the measured collective's start: wall, the threads' CPU (ns) */
+  int64_t load_wall, load_cpu;    /* the window so far: measured collectives' wall and CPU time */
+  uint64_t load_flips;            /* times the load rule moved the writing between the threads */
   size_t inline_max;              /* MCCL_SEND_INLINE_BYTES: with a sender thread, frames smaller
                                      than this that find their queue empty are written by the
                                      owner at once (tcp.c, postSend) */
@@ -300,6 +307,22 @@ void mcclTransportStopSender(mcclTransport* t);
  * frames (frame_bytes, the largest payload) are under MCCL_SEND_INLINE_BYTES, which the owner
  * writes itself anyway when their queue is empty. */
 void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
+
+/* The sender thread's load rule (MCCL_SEND_THREAD_LOAD, docs/ENVIRONMENT.md). The handoff to
+ * mccl-send costs a thread wake-up each way per frame, and pays only where one thread cannot keep
+ * up with the link: at 5 Gbit/s it bought nothing and cost 2-12 points of a core, at 10 Gbit/s
+ * the engine alone saturated on 64 MiB and fell to 85% of goodput (bench/NOTES.md, 2026-12-06
+ * sixth session). So with a sender thread the owner writes its own frames, the thread halted,
+ * until the collectives of at least 1 MiB over a window of at least 50 ms of their wall time
+ * used MCCL_SEND_THREAD_LOAD % of a core or more on the owner thread (CPU time, the kernel's
+ * work charged to it included: mcclThreadCpuNs); then the thread writes, until the two threads
+ * together use less than 70% of the bound over a window. The rule is per rank: ranks may differ.
+ * 0: the thread writes every frame (the rule off; also where the platform has no thread CPU
+ * clock); -1: the writing changes hands after every collective (tests: every hand-over
+ * exercised). Owner thread only, around each collective (core/engine.c); no-ops without a
+ * sender thread. End with the collective's result: after an error nothing changes hands. */
+void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes);
+void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res);
 
 /* Keep the sender thread (if any) off every posted transfer until the next
  * mcclTransportProgress: for an owner about to unwind after an error, whose posted transfers go

@@ -206,6 +206,7 @@ static mcclResult_t transportAlloc(mcclTransport* t, int rank, int nranks) {
   t->lowat_max = (int)mcclParamInt("MCCL_RECV_LOWAT");
   t->inline_max = (size_t)mcclParamInt("MCCL_SEND_INLINE_BYTES");
   t->copy_handoff = (int)mcclParamInt("MCCL_SEND_THREAD_COPY");
+  t->load_pct = mcclThreadCpuNs() < 0 ? 0 : (int)mcclParamInt("MCCL_SEND_THREAD_LOAD");
   for (int r = 0; r < nranks; r++) {
     t->conns[r].fd = -1;
     t->conns[r].park.cap = park;

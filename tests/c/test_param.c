@@ -113,6 +113,11 @@ int main(void) {
   expectValue("MCCL_SEND_INLINE_BYTES", "2G", 65536); /* above 1 GiB: the default */
   expectValue("MCCL_SEND_THREAD_COPY", "0", 0);
   expectValue("MCCL_SEND_THREAD_COPY", "2", copy_default);
+  expectValue("MCCL_SEND_THREAD_LOAD", "-1", -1);
+  expectValue("MCCL_SEND_THREAD_LOAD", "0", 0);
+  expectValue("MCCL_SEND_THREAD_LOAD", "1000", 1000);
+  expectValue("MCCL_SEND_THREAD_LOAD", "1001", 85); /* above ten cores: the default */
+  expectValue("MCCL_SEND_THREAD_LOAD", "-2", 85);
   expectValue("MCCL_RING_THRESHOLD", "0", 0);
   expectValue("MCCL_ALPHA_BETA", "378828", 378828); /* the paper's 306 us x 1.238 GB/s */
   expectValue("MCCL_ALPHA_BETA", "64K", 65536);
