@@ -178,9 +178,12 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
           mcclCollName(req->op.coll), (unsigned long long)req->op.seq, req->op.count,
           mcclDtypeName(req->op.dtype));
     /* Around the collective alone: its wall and CPU time drive the sender thread's load rule. */
-    size_t bytes = req->op.count * mcclDataTypeSize(req->op.dtype);
+    size_t bytes = req->op.count; /* elements: the buffer, or all-to-all's largest block sent */
     if (req->op.coll == MCCL_COLL_ALLGATHER || req->op.coll == MCCL_COLL_REDUCE_SCATTER) bytes *= (size_t)comm->nranks;
-    mcclTransportCollectiveBegin(&comm->tp, bytes);
+    if (req->op.v != NULL)
+      for (int p = 0; p < comm->nranks; p++) bytes = req->op.v[p] > bytes ? req->op.v[p] : bytes;
+    bytes *= mcclDataTypeSize(req->op.dtype);
+    mcclTransportCollectiveBegin(&comm->tp, bytes, req->op.coll == MCCL_COLL_ALLTOALL);
     res = runPremul(comm, req);
     mcclTransportCollectiveEnd(&comm->tp, res);
   }

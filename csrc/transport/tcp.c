@@ -1124,15 +1124,29 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
  * inline anyway: postSend). */
 enum { kLoadWindowNs = 50 * 1000000, kLoadMinBytes = 1 << 20 };
 
-void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes) {
+void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes, int overlap) {
   t->load_t0 = 0;
-  if (t->sender == NULL || t->load_pct == 0 || (t->load_pct > 0 && bytes < kLoadMinBytes)) return;
+  if (t->sender == NULL || t->load_pct == 0) return;
+  if (overlap) { /* not measured: the thread writes it whatever the load */
+    if (t->owner_writes && !t->copy_owned && bytes >= t->inline_max) { /* (smaller: written inline anyway) */
+      ownerWrites(t, 0);
+      t->load_lent = 1;
+      t->load_lends++;
+    }
+    return;
+  }
+  if (t->load_pct > 0 && bytes < kLoadMinBytes) return;
   t->load_cpu0 = mcclThreadCpuNs() + atomic_load(&t->sender->cpu_ns);
   t->load_t0 = mcclNowNs();
 }
 
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res) {
   mcclSender* s = t->sender;
+  if (t->load_lent) { /* back to the owner (after an error too: the thread stays halted then) */
+    t->load_lent = 0;
+    if (s != NULL) ownerWrites(t, 1);
+    return;
+  }
   if (t->load_t0 == 0 || s == NULL || res != mcclSuccess) return; /* an error fails the communicator */
   int64_t wall = mcclNowNs() - t->load_t0;
   t->load_wall += wall;

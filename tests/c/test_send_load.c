@@ -8,7 +8,8 @@
  *    MCCL_SEND_THREAD_COPY=0 (its copy-only schedules take the writing inside the rule's): the
  *    rule moved it exactly once per collective, and the owner writes after an even count;
  *  - 1 (% of a core): every busy window reaches it, so the thread takes over once, and keeps it;
- *  - 1000 (ten cores): never reached: the owner writes every frame, the thread never moves;
+ *  - 1000 (ten cores): never reached: the owner writes every frame but the all-to-alls', which
+ *    the thread writes (each lent and taken back: the writing never moves for good);
  *  - 0: the rule is off: the thread writes from the start and nothing changes hands.
  */
 #include <stdint.h>
@@ -19,7 +20,7 @@
 #include "harness.h"
 
 #define NRANKS 3
-#define ROUNDS 4 /* of 5 collectives each */
+#define ROUNDS 4 /* of 6 collectives each, 5 of them measured by the rule */
 
 typedef struct {
   const char* load;
@@ -27,8 +28,8 @@ typedef struct {
 } Setting;
 
 /* One round: all-reduce 2^20 + 5 floats (ring), all-reduce 257 int32 (doubling), reduce-scatter
- * 2^18 + 1 int32 per rank, all-gather 2^18 + 3 int32 per rank, broadcast 3 MiB + 1 bytes from
- * rank (round % NRANKS). Rank (round % NRANKS) arrives 20 ms late to the first. */
+ * 2^18 + 1 int32 per rank, all-gather 2^18 + 3 int32 per rank, all-to-all of 2^17 + 1 int32
+ * blocks (lent to the thread, never measured), broadcast 3 MiB + 1 bytes from rank (round % NRANKS). Rank (round % NRANKS) arrives 20 ms late to the first. */
 static int runRound(mcclComm_t comm, int rank, int nranks, int round) {
   int bad = 0;
   const size_t n = (1u << 20) + 5;
@@ -69,6 +70,20 @@ static int runRound(mcclComm_t comm, int rank, int nranks, int round) {
   free(in);
   free(out);
 
+  /* All-to-all, 2^17 + 1 int32 per block: the thread writes it whatever the rule says. */
+  const size_t blk = (1u << 17) + 1;
+  int32_t* ai = malloc(blk * NRANKS * sizeof(*ai));
+  int32_t* ao = malloc(blk * NRANKS * sizeof(*ao));
+  for (int p = 0; p < nranks; p++)
+    for (size_t i = 0; i < blk; i++) ai[(size_t)p * blk + i] = (int32_t)(i % 983) + 100 * rank + 10000 * p;
+  if (mcclAllToAll(ai, ao, blk, mcclInt32, comm, NULL, NULL) != mcclSuccess) bad++;
+  for (int p = 0; p < nranks && !bad; p++)
+    for (size_t i = 0; i < blk && !bad; i++)
+      if (ao[(size_t)p * blk + i] != (int32_t)(i % 983) + 100 * p + 10000 * rank) bad++;
+  EXPECT(!bad, "rank %d round %d: all-to-all exact", rank, round);
+  free(ai);
+  free(ao);
+
   const size_t bn = (3u << 20) + 1;
   const int root = round % nranks;
   uint8_t* b = malloc(bn);
@@ -108,11 +123,13 @@ static int loadRank(int rank, int nranks, mcclStore_t* store, void* arg) {
            "rank %d: at 1%% of a core the thread takes over once and keeps it: %llu moves, owner writes %d", rank,
            (unsigned long long)tp->load_flips, tp->owner_writes);
   } else {
+    EXPECT(tp->load_lends == (load != 0 ? ROUNDS : 0), "rank %d, load %d: each all-to-all lent to the thread: %llu",
+           rank, load, (unsigned long long)tp->load_lends);
     EXPECT(tp->load_flips == 0 && tp->owner_writes == (load != 0),
            "rank %d, load %d: nothing changes hands: %llu moves, owner writes %d", rank, load,
            (unsigned long long)tp->load_flips, tp->owner_writes);
   }
-  EXPECT(tp->copy_owned == 0, "rank %d: no copy-only schedule holds the writing after it ended", rank);
+  EXPECT(tp->copy_owned == 0 && tp->load_lent == 0, "rank %d: no schedule holds the writing after it ended", rank);
   mcclCommDestroy(comm);
   return bad != 0;
 }
