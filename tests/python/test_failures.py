@@ -626,6 +626,36 @@ def test_abort_unblocks_every_waiter():
         assert "abort" in text.lower() and "Error" in text, f"waiter {i}: {text}"
 
 
+# ---- destroy with a collective that can never finish: it waits out that collective's timeout --
+
+def _destroy_while_one_cannot_finish(rank: int, world_size: int) -> dict:
+    if rank == 1:  # never issues the collective; leaves once rank 0 is done with its group
+        time.sleep(6)
+        return {}
+    x = torch.ones(10)
+    work = dist.all_reduce(x, async_op=True)
+    time.sleep(0.5)
+    start = time.monotonic()
+    dist.destroy_process_group()
+    destroyed = time.monotonic() - start
+    try:
+        work.wait()
+        waited = "returned"
+    except Exception as exc:  # noqa: BLE001 - its text is the result
+        waited = f"{type(exc).__name__}: {exc}"
+    return {"destroyed_s": destroyed, "wait": waited}
+
+
+def test_destroy_waits_out_the_timeout_of_a_collective_that_cannot_finish():
+    """docs/FAILURES.md: destroy finishes what was issued, each collective bounded by its own
+    timeout (3 s here), so it returns after that timeout, not before and not long after, and
+    the Work then raises the timeout naming the collective; abort is the way to leave at once."""
+    results = run_job(_destroy_while_one_cannot_finish, 2, pg_timeout_s=3, deadline_s=60, **FAST)[0]
+    v = check_ok(results)[0]
+    assert 2.0 <= v["destroyed_s"] <= 6.0, v
+    assert "allreduce #" in v["wait"] and "timed out" in v["wait"] and "Error" in v["wait"], v
+
+
 # ---- race burst: 640 async collectives per rank, no host synchronisation, every result exact ------
 
 BURST = 640
