@@ -107,6 +107,22 @@ mcclDataType_t toMcclType(const at::Tensor& t, const char* op) {
   }
 }
 
+// A ReduceOp's name as torch spells it (ReduceOp.MAX), for error messages.
+const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return "SUM";
+    case c10d::ReduceOp::AVG: return "AVG";
+    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case c10d::ReduceOp::MIN: return "MIN";
+    case c10d::ReduceOp::MAX: return "MAX";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "an unknown op";
+  }
+}
+
 // The C op for a torch ReduceOp; PREMUL_SUM's factor (a double or a one-element tensor) goes to
 // *factor.
 mcclRedOp_t toMcclOp(const c10d::ReduceOp& op, double* factor) {
@@ -876,7 +892,7 @@ class DoneWork : public c10d::Work {
 // them on any rank; the Work is returned finished.
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduceSparse(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "mccl allreduce: sparse tensors can only be summed "
-              "(ReduceOp.SUM), not reduced with op ", static_cast<int>(opts.reduceOp.op_));
+              "(ReduceOp.SUM), not reduced with ReduceOp.", reduceOpName(opts.reduceOp.op_));
   at::NoGradGuard no_grad;
   at::Tensor input = tensor.coalesce();
   at::Tensor indices = input._indices().t().contiguous().cpu();  // (nnz, sparse_dim) int64

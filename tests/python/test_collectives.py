@@ -356,6 +356,10 @@ def _more_int_dtypes(rank: int, world_size: int) -> dict:
         small = torch.tensor([3 * rank + 1, 2], dtype=dtype)
         dist.all_reduce(small, op=dist.ReduceOp.AVG)
         assert small.tolist() == [sum(3 * r + 1 for r in range(world_size)) // world_size, 2], f"avg {dtype}"
+        if signed:  # README: an integer AVG rounds toward zero (C, NCCL), not down (Python's //)
+            neg = torch.tensor([-1, -(world_size + 1)] if rank == 0 else [0, 0], dtype=dtype)
+            dist.all_reduce(neg, op=dist.ReduceOp.AVG)
+            assert neg.tolist() == [0, -1], f"avg {dtype} of negatives: {neg.tolist()}"
         b = torch.tensor(mine if rank == 0 else [0, 0, 0, 0], dtype=dtype)
         dist.broadcast(b, src=0)
         assert b.tolist() == everyone[0]

@@ -35,6 +35,7 @@ def _bad_arguments(rank: int, world_size: int) -> None:
         # Sparse tensors: all_reduce takes them (test_surface.py), the other collectives do not.
         (lambda: dist.group.WORLD._get_backend(torch.device("cpu")).broadcast([torch.ones(4).to_sparse()]),
          ("strided",)),
+        (lambda: dist.all_reduce(torch.ones(4).to_sparse(), op=dist.ReduceOp.MAX), ("sparse", "ReduceOp.MAX")),
         # Outputs may differ in size between ranks (test_surface.py), but this rank's must fit its input.
         (lambda: dist.all_gather([torch.ones(3)] * world_size, torch.ones(4)),
          ("all_gather", "this rank's", "input has 4")),
