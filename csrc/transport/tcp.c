@@ -41,7 +41,8 @@ struct mcclSender {
   int* pfd_peer;
   uint8_t* queued;            /* [nranks] the thread's scratch: peers with sends queued */
   uint8_t* owner_queued;      /* [nranks] the same, the owner's scratch (mcclTransportProgress) */
-  _Atomic int64_t cpu_ns;     /* the thread's CPU time as of its last wait (the load rule) */
+  _Atomic int64_t cpu_ns;     /* the thread's CPU time as of its last wait or written frame
+                                 (the load rule) */
 };
 
 /* The text of a lost connection: "rank P (addr) closed the connection while rank R was ...".
@@ -361,6 +362,10 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       if (s != NULL) pthread_mutex_unlock(&s->mu);
       if (t->trace && x->frame.type != MCCL_FRAME_CREDIT)
         traceXfer(t, mcclTraceSendTrack(peer), MCCL_TRACE_SEND_QUEUED, MCCL_TRACE_SEND, x);
+      /* The load rule's figure, before the completion the owner may be waiting for: a thread
+       * that never runs out of frames would otherwise not update it for a whole collective. */
+      if (s != NULL && t->load_pct != 0 && pthread_equal(pthread_self(), s->thread))
+        atomic_store(&s->cpu_ns, mcclThreadCpuNs());
       atomic_store(&x->complete, 1); /* the last access: the owner may reuse x from here on */
       if (s != NULL && !t->owner_writes) mcclTransportWake(t);
     }
