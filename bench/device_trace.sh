@@ -7,6 +7,9 @@
 #   base      mccl and gloo alternating round by round (--rounds ROUNDS), OPS (all_reduce) at SIZES;
 #             base@OPS=all_gather+broadcast,SIZES=16M+64M sets them for one stage
 #   cc-NAME   every host's TCP congestion control set to NAME (cubic, bbr) for the later stages
+#   ab        mccl alone at OPS / SIZES (all_reduce, 64M), ROUNDS rounds of two invocations: the stage's
+#             settings (A), then those plus AB_ENV (B; default MCCL_SEND_THREAD_LOAD=0); bench/ab_summary.py
+#             tabulates time, engine CPU and exactness per round
 #   pin       the cluster again, each host pinned to 2 CPUs of its own (later stages run on it)
 #   hosts-N   the cluster again with N hosts (later stages run on it)
 #   rate-R    the cluster again with links at R (tc units: 10gbit; later stages run on it)
@@ -84,6 +87,16 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
           env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops "${ops//+/,}" \
             --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$F.json" > "$F.txt" 2>&1
           tail -30 "$F.txt" ;;
+    ab) ops=${OPS:-all_reduce}; sizes=${SIZES:-64M}  # mccl alone, invocations alternating the stage's settings (A)
+        for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
+        read -r -a BENVS <<< "${AB_ENV:-MCCL_SEND_THREAD_LOAD=0}"  # and those plus AB_ENV (B), round by round
+        F=$RES/ab$TAG$SUF; mkdir -p "$F"
+        for r in $(seq 1 "${ROUNDS:-3}"); do for side in A B; do
+          extra=(); [ $side = B ] && extra=("${BENVS[@]}")
+          env "${ENVS[@]}" "${extra[@]}" $B --cluster t0 --backends mccl --goodput "$GP" --ops "${ops//+/,}" \
+            --sizes "${sizes//+/,}" -n 8 -w 2 --json "$F/$r-$side.json" > "$F/$r-$side.txt" 2>&1
+        done; done
+        "$PY" bench/ab_summary.py "$F" | tee "$F/summary.txt" ;;
     pin) up "$NH" 2 ;;
     hosts-*) up "${st#hosts-}" ;;
     rate-*) RATE=${st#rate-}; up "$NH" ;;
