@@ -130,8 +130,11 @@ def parse_rate(text: str) -> float:
 
 
 def format_rate(bits_per_s: float) -> str:
-    """``1.91 Gbit/s (0.239 GB/s)``: bits in powers of 1000, bytes as nccl-tests' GB/s (1e9 B/s)."""
-    return f"{bits_per_s / 1e9:.3f} Gbit/s ({bits_per_s / 8e9:.4f} GB/s)"
+    """``1.910 Gbit/s (0.2388 GB/s)``: bits in powers of 1000, bytes as nccl-tests' GB/s (1e9 B/s);
+    below 100 Mbit/s with 6 and 7 decimals, so a slow link's figure keeps its digits (and the unit
+    stays Gbit/s, which scripts grep for)."""
+    d = 3 if bits_per_s >= 1e8 else 6
+    return f"{bits_per_s / 1e9:.{d}f} Gbit/s ({bits_per_s / 8e9:.{d + 1}f} GB/s)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,16 +555,23 @@ def down(cluster_id: str | None = DEFAULT_ID, iproute_dir: str | None = None, qu
     sh = Shell(iproute_dir, verbose)
     pat = _name_pattern(cluster_id)
     removed = []
-    for ns in [n for n in _netns_names() if pat.match(n)]:
-        pids = netns_pids(ns)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        sh.ip_("netns", "del", ns, check=False)  # also deletes the veth pair (its end lives there)
-        removed.append(ns + (f" (killed {len(pids)} processes)" if pids else ""))
-    for link in [n for n in _link_names(sh) if pat.match(n)]:
-        if sh.ip_("link", "del", link, check=False).returncode == 0:
-            removed.append(link)
+    # A bring-up stopped by a signal may have killed `ip netns add` halfway (the name there, its
+    # mount not yet): such a name goes on a later pass, so a few passes, a moment apart.
+    for attempt in range(4):
+        if attempt:
+            time.sleep(0.25)
+        for ns in [n for n in _netns_names() if pat.match(n)]:
+            pids = netns_pids(ns)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if sh.ip_("netns", "del", ns, check=False).returncode == 0:  # also deletes the veth pair
+                removed.append(ns + (f" (killed {len(pids)} processes)" if pids else ""))
+        for link in [n for n in _link_names(sh) if pat.match(n)]:
+            if sh.ip_("link", "del", link, check=False).returncode == 0:
+                removed.append(link)
+        if not existing_names(cluster_id, sh):
+            break
     ids = [cluster_id] if cluster_id else [f[:-5] for f in _listdir(STATE_DIR)
                                            if f.endswith(".json") and _ID_RE.match(f[:-5])]
     for cid in ids:
@@ -1284,7 +1294,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="hosts on each switch: one number for every switch, or one per switch (uneven layouts)")
     sp.add_argument("--uplink-rate", default=None,
                     help="tbf rate of every switch's uplink to the core, each way (default: --rate)")
-    sp.add_argument("--mtu", type=int, default=9000, help="MTU of every veth and the bridge")
+    sp.add_argument("--mtu", type=_cli.int_in(68, 65535, what="an MTU"), default=9000, help="MTU of every veth and the bridge")
     sp.add_argument("--burst", default="auto",
                     help="tbf burst (bucket size, tc units such as 1mb); auto: 1 ms at --rate, at least 64 KiB")
     sp.add_argument("--latency", default="50ms", help="tbf latency (queue bound)")
@@ -1309,7 +1319,7 @@ def _parser() -> argparse.ArgumentParser:
     sp = with_id(sub.add_parser("run", help="run CMD once per rank inside the hosts", formatter_class=fmt))
     sp.add_argument("--nproc", type=_cli.int_at_least(1), default=None, help="world size (default: hosts x nproc-per-host)")
     sp.add_argument("--nproc-per-host", type=_cli.int_at_least(1), default=1, help="ranks per host")
-    sp.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="MASTER_PORT (host 0)")
+    sp.add_argument("--master-port", type=_cli.int_in(1, 65535, what="a TCP port"), default=DEFAULT_MASTER_PORT, help="MASTER_PORT (host 0)")
     sp.add_argument("--timeout", type=_cli.number_at_least(0, what="number of seconds"), default=3600,
                     help="kill every rank after this many seconds (0: no deadline)")
     sp.add_argument("--tag-rank0", action="store_true", help="prefix rank 0's lines with [rank 0] too")

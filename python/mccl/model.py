@@ -87,6 +87,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import _cli
+
 #: The paper's measured parameters (section 7 and section 2).
 PAPER_ALPHA_S = 306e-6
 PAPER_BETA_BPS = 1.238e9
@@ -272,9 +274,12 @@ def parse_size(text: str | int | float) -> int:
     t = str(text).strip().upper().rstrip("B").rstrip("I")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
+        value = int(float(t[:-1] if mult > 1 else t) * mult)
     except (ValueError, OverflowError):
         raise ModelError(f"not a size: {text!r} (expected bytes or a K/M/G multiple)") from None
+    if value < 0:
+        raise ModelError(f"not a size: {text!r} (a size is 0 or more bytes)")
+    return value
 
 
 @dataclass
@@ -641,7 +646,10 @@ def plot(rows: list[Row], goodput: float, path: str, title: str, ring: Params, d
 
     sizes = list(dict.fromkeys(r.size for r in rows))
     nmax = max(r.hosts for r in rows)
-    grid = np.unique(np.round(np.geomspace(2, max(nmax, 4), 200)).astype(int))
+    # The table's own host counts are on the curve too: doubling's cost jumps at powers of two
+    # (a non-power of two adds a round), so a grid that steps over 128 would pass beside its marker.
+    grid = np.unique(np.concatenate([np.round(np.geomspace(2, max(nmax, 4), 200)).astype(int),
+                                     [r.hosts for r in rows]]))
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.2), squeeze=False)
     for ax, S in zip(axes.flat, sizes):
         dense = predict(grid, [S], ring, doubling, **layout)
@@ -682,10 +690,16 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
+#: The largest fleet ``predict`` prices; the doubling and two-level terms take time linear in hosts.
+MAX_HOSTS = 100_000
+
+
 def _hosts(text: str) -> list[int]:
     vals = _ints(text)
     if min(vals) < 2:
         raise argparse.ArgumentTypeError(f"expected host counts >= 2 (one host has no all-reduce to price), got {text!r}")
+    if max(vals) > MAX_HOSTS:
+        raise argparse.ArgumentTypeError(f"{max(vals)} hosts: this model prices at most {MAX_HOSTS}")
     return vals
 
 
@@ -787,7 +801,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="bandwidth of one group's uplink, shared by its g cross-group rings (default: no limit)")
     pp.add_argument("--inter-alpha-us", type=_positive, default=None, help="per-hop cost across groups (default alpha)")
     pp.add_argument("--backend", default="mccl", help="with --fit: the backend's rows (default mccl)")
-    pp.add_argument("--plot", metavar="OUT.png", default=None, help="write busbw against hosts here (matplotlib)")
+    pp.add_argument("--plot", metavar="OUT.png", type=_cli.output_file, default=None, help="write busbw against hosts here (matplotlib)")
     _add_model_args(pp, for_predict=True)
 
     fp = sub.add_parser("fit", help="fit alpha and beta per algorithm to mccl.bench JSON; per-point errors",
@@ -855,6 +869,20 @@ def describe(f: Fit) -> str:
             f"|error| rms {100 * f.rms:.2f}%, max {100 * e.max():.2f}%")
 
 
+def _mixed_networks(files: Sequence[str], tolerance: float = 0.10) -> str | None:
+    """Why pooling ``files`` mixes networks (goodputs more than ``tolerance`` apart, or some files
+    with a measured goodput and some without, e.g. a loopback run), or None."""
+    per_file = {f: file_goodput(load_rows(f)[0]) for f in dict.fromkeys(files)}
+    known = {f: g for f, g in per_file.items() if g is not None}
+    if known and len(known) < len(per_file):
+        bare = [f for f, g in per_file.items() if g is None]
+        return f"{', '.join(bare)} has no measured goodput (loopback, or no --goodput) and the others do"
+    if known and max(known.values()) > (1 + tolerance) * min(known.values()):
+        return "the files were measured on networks of different goodput (" + ", ".join(
+            f"{f}: {g / 1e9:.4f} GB/s" for f, g in known.items()) + ")"
+    return None
+
+
 def _cmd_fit(a) -> int:
     segment = a.segment_kb if a.segment_kb is not None else run_segment(a.files, a.backend)
     fits, goodputs, skipped = _fits_from(a.files, a.backend, a.op, segment, a.overhead, a.holdout,
@@ -864,6 +892,9 @@ def _cmd_fit(a) -> int:
     print(f"# mccl.model fit: {a.op}, backend {a.backend}, {', '.join(a.files)}")
     if goodputs:
         print(f"# goodput in the file(s): {', '.join(f'{g / 1e9:.4f}' for g in sorted(set(goodputs)))} GB/s")
+    mixed = _mixed_networks(a.files)
+    if mixed:
+        print(f"# warning: {mixed}; one alpha and beta fitted to all of them describe none", file=sys.stderr)
     for line in [describe(f) for f in fits.values()] + skipped:
         print("# " + line)
     # libmccl's choices need the hop cost of latency-bound transfers and the link's goodput.
@@ -960,8 +991,6 @@ def _cmd_predict(a) -> int:
     if a.plot:
         if os.path.splitext(a.plot)[1].lower() not in (".png", ".pdf", ".svg"):
             raise ModelError(f"--plot {a.plot}: give a .png, .pdf or .svg file")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(a.plot))):
-            raise ModelError(f"--plot {a.plot}: no such directory")
         plot(rows, goodput, a.plot, f"mccl.model: {source}, alpha {ring.alpha * 1e6:.1f} us, "
              f"beta {ring.beta / 1e9:.3f} GB/s", ring, dbl, **layout)
         print(f"# wrote {a.plot}")

@@ -30,6 +30,8 @@ import warnings
 import zlib
 from datetime import timedelta
 
+from . import _cli
+
 COLLECTIVES = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
 # Largest integer each dtype holds exactly (and where its sums must stay).
@@ -58,8 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Without RANK/WORLD_SIZE in the environment it starts --nproc local ranks itself (127.0.0.1); "
                "under torchrun each process is one rank. Exit status 0: every result exact, 1: errors or a "
                "failed collective. Example (the 10-minute run): python -m mccl.soak --nproc 4 --duration 600")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
-    p.add_argument("--nproc", type=int, default=4, help="local ranks to start when not under torchrun (default 4)")
+    p.add_argument("--duration", type=_cli.number_at_least(0, above=True, what="number of seconds"), default=30.0, help="seconds to run (default 30)")
+    p.add_argument("--nproc", type=_cli.int_at_least(1), default=4, help="local ranks to start when not under torchrun (default 4)")
     p.add_argument("--backend", default="mccl", help="torch.distributed backend (default mccl; gloo to compare)")
     p.add_argument("--max-bytes", type=_size, default=_size("4MiB"),
                    help="largest buffer per collective, e.g. 64MiB (default 4MiB); sizes are log-uniform from 1 element")
@@ -67,11 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(COLLECTIVES)} (default all)")
     p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {','.join(DTYPES)} (default all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the op sequence (default 0)")
-    p.add_argument("--report-every", type=float, default=5.0, help="seconds between report lines (default 5)")
-    p.add_argument("--check-every", type=int, default=16,
+    p.add_argument("--report-every", type=_cli.number_at_least(0, above=True, what="number of seconds"), default=5.0, help="seconds between report lines (default 5)")
+    p.add_argument("--check-every", type=_cli.int_at_least(1), default=16,
                    help="collectives between control points (checksum comparison, stop decision; default 16)")
-    p.add_argument("--timeout", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
-    p.add_argument("--json", metavar="PATH", help="rank 0 writes the samples and the summary here")
+    p.add_argument("--timeout", type=_cli.number_at_least(0, above=True, what="number of seconds"), default=300.0, help="process-group timeout in seconds (default 300)")
+    p.add_argument("--json", metavar="PATH", type=_cli.output_file, help="rank 0 writes the samples and the summary here")
     p.add_argument("--corrupt", metavar="RANK:OP", default=None,
                    help="testing the tester: corrupt one element of RANK's first result from op number OP on; "
                         "the run must then report errors and exit 1")
@@ -81,14 +83,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [c for c in args.collectives if c not in COLLECTIVES] + [d for d in args.dtypes if d not in DTYPES]
     if bad or not args.collectives or not args.dtypes:
         p.error(f"unknown or empty collectives/dtypes: {bad}")
-    if args.duration <= 0 or args.nproc < 1 or args.max_bytes < 1 or args.check_every < 1:
-        p.error("--duration, --nproc, --max-bytes and --check-every must be positive")
+    if args.max_bytes < 1:
+        p.error("--max-bytes must be positive")
     if args.corrupt is not None:
         try:
             r, k = args.corrupt.split(":")
             args.corrupt = (int(r), int(k))
         except ValueError:
             p.error("--corrupt takes RANK:OP, e.g. 1:20")
+        if args.corrupt[0] < 0 or args.corrupt[1] < 0:
+            p.error(f"--corrupt {r}:{k}: RANK and OP are 0 or more")
+        world = int(os.environ.get("WORLD_SIZE", args.nproc))
+        if args.corrupt[0] >= world:  # a rank that is not there would corrupt nothing and pass
+            p.error(f"--corrupt {r}:{k}: there is no rank {r} in a world of {world}")
+    from .bench.runtime import split_backends
+
+    try:
+        if len(split_backends(args.backend, "--backend")) != 1:
+            p.error(f"--backend {args.backend}: one backend (mccl, or gloo to compare)")
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            p.error(exc.code)
+        raise
     return args
 
 

@@ -50,6 +50,8 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 
+from . import _cli
+
 CAUSES = ("window", "credit", "reduce", "phase", "step", "segment")
 
 
@@ -407,6 +409,8 @@ def report_gaps(rows: list[GapRow], skip: int, stream=None) -> None:
               f"{ms(r.recv_idle)} {ms(r.recv_busy)} {r.late_rank:>4}", file=stream)
     kept = [r for r in rows[skip:] if r.period is not None]
     if not kept:
+        print(f"no collective with a period after the first {skip} ({len(rows)} in the trace): no mean; "
+              "lower --skip", file=stream)
         return
     def mean(f):
         return sum(f(r) for r in kept) / len(kept)
@@ -454,19 +458,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="per collective and link: pending, busy, idle time and its causes")
     s.add_argument("files", nargs="+", help="trace files (<prefix>.<communicator>.rank<r>.json)")
-    s.add_argument("--json", default=None, help="also write the summary as JSON to this file")
-    s.add_argument("--top", type=int, default=len(CAUSES), help="causes to list in the last line")
+    s.add_argument("--json", type=_cli.output_file, default=None, help="also write the summary as JSON to this file")
+    s.add_argument("--top", type=_cli.int_at_least(1), default=len(CAUSES), help="causes to list in the last line")
     g = sub.add_parser("gap", help="per collective across ranks: its period against the wire's bound "
                                    "(launch gap, start skew, excess after the last start)")
     g.add_argument("files", nargs="+", help="trace files of one communicator, every rank's, or the JSON "
                    "that `summary --json` wrote for them")
     g.add_argument("--goodput", required=True,
                    help="the link's measured goodput, a tc rate (e.g. 4.963gbit: mccl.cluster goodput)")
-    g.add_argument("--skip", type=int, default=3, help="collectives left out of the mean (default 3: "
+    g.add_argument("--skip", type=_cli.int_at_least(0), default=3, help="collectives left out of the mean (default 3: "
                    "mccl.bench -w 1's check pass, warm-up, and first timed collective, whose period holds "
                    "the benchmark's own pause before timing)")
     args = p.parse_args(argv)
-    traces, summaries = [], []
+    traces, trace_paths, summaries = [], [], []
     for path in args.files:
         try:
             if args.cmd == "gap" and path.endswith(".json") and _is_summary(path):
@@ -474,9 +478,18 @@ def main(argv: list[str] | None = None) -> int:
                     summaries += _from_json(json.load(f))
             else:
                 traces.append(load(path))
+                trace_paths.append(path)
         except (OSError, ValueError, KeyError) as exc:
             print(f"mccl.trace: cannot read {path}: {exc}", file=sys.stderr)
             return 2
+    seen: dict[tuple, str] = {}
+    for path, t in zip(trace_paths, traces):
+        who = (t["otherData"].get("communicator"), t["otherData"].get("rank"))
+        if who in seen:  # counted twice, every figure of that rank would double
+            print(f"mccl.trace: {seen[who]} and {path} are both rank {who[1]} of communicator {who[0]}; "
+                  "give each rank's trace once", file=sys.stderr)
+            return 2
+        seen[who] = path
     summaries += summarize_all(traces)
     if args.cmd == "gap":
         from mccl.cluster import parse_rate

@@ -262,6 +262,9 @@ def test_example_configuration_is_the_defaults(tmp_path):
     ({"ray": {"address": "h:1"}, "probes": {"schedule": {"windows": ["8pm-8am"]}}}, "is not HH:MM-HH:MM"),
     ({"ray": {"address": "h:1"}, "probes": {"schedule": {"days": ["monday"]}}}, "schedule days ['monday']"),
     ({"ray": {"address": "h:1"}, "agent": {"unknown_is_busy": ["keyboard"]}}, "unknown probe(s) ['keyboard']"),
+    ({"ray": {"address": "nonsense"}}, "ray.address must be the head node's HOST:PORT"),
+    ({"ray": {"address": "h:70000"}}, "ray.address must be the head node's HOST:PORT"),
+    ({"ray": {"address": ":6379"}}, "ray.address must be the head node's HOST:PORT"),
 ])
 def test_bad_configurations_name_the_key(data, message):
     with pytest.raises(ConfigError) as err:

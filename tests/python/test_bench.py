@@ -73,6 +73,13 @@ def test_sizes_and_iterations():
     ("overlap", ["--matmul", "0"], "must be 1 or more"),
     ("overlap", ["--warmup-steps", "-1"], "must be 0 or more"),
     ("throughput", ["--batch", "0"], "must be 1 or more"),
+    ("throughput", ["--world-sizes", "-1"], "-1: a world size here is 1 or more"),
+    ("throughput", ["--world-sizes", "0,1"], "0: a world size here is 1 or more"),
+    ("collectives", ["--json", "/proc/no-such-dir/x.json"], "cannot write a file in /proc/no-such-dir"),
+    ("collectives", ["--plot", "/proc"], "is a folder"),
+    ("ddp", ["--json", "/proc/x.json"], "cannot write a file in /proc"),
+    ("overlap", ["--plot", "/proc/x.png"], "cannot write a file in /proc"),
+    ("throughput", ["--json", "/proc/x.json"], "cannot write a file in /proc"),
 ])
 def test_bad_arguments_are_refused_when_parsed(command, args, says, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -85,6 +92,18 @@ def test_unknown_backend_is_named_before_any_rank_starts():
     rc, out = bench("--nproc", "2", "--backends", "mccl,foo", "--sizes", "1K")
     assert rc != 0 and "foo is not a torch.distributed backend here" in out and "Traceback" not in out, out[-3000:]
     assert "[rank" not in out, out[-3000:]  # refused by the driver: no rank ran
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--ops", "bogus"], "--ops: unknown collective 'bogus'"),
+    (["-b", "1M", "-e", "1K"], "-b/--minbytes 1048576 is above -e/--maxbytes 1024"),
+    (["--ops", "broadcast", "--sizes", "1K", "--root", "2"], "--root 2: a world of 2 has ranks 0 to 1"),
+    (["--sizes", "1K", "--skew-ms", "5", "--skew-rank", "7"], "--skew-rank 7: a world of 2 has ranks 0 to 1"),
+])
+def test_arguments_no_rank_could_run_are_refused_by_the_driver(args, says):
+    rc, out = bench("--nproc", "2", "--backends", "mccl", *args, deadline=60)
+    assert rc == 2 and says in out and "Traceback" not in out, out[-3000:]
+    assert "[rank" not in out, out[-3000:]  # refused before any rank started
 
 
 def test_rank_order_without_a_cluster_is_one_line_exit_2():

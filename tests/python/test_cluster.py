@@ -274,6 +274,8 @@ def test_python_goodput_reports_rate_and_both_ends_cpu():
     (["up", "--id", "z9", "--switches", "2", "--uplink-rate", "fast"], "--uplink-rate fast: cannot parse rate"),
     (["up", "--id", "z9", "--switches", "2", "--subnet", "198.18.0.0/24"], "2 switches need an IPv4 subnet"),
     (["run", "--rank-order", "random", "--", "true"], "expected in-order, interleave, shuffle or shuffle:SEED"),
+    (["run", "--master-port", "70000", "--", "true"], "70000 is not a TCP port (1 to 65535)"),
+    (["up", "--id", "z9", "--mtu", "0"], "0 is not an MTU (68 to 65535)"),
     (["nsexec"], "usage: nsexec NAMESPACE"),
     (["nsexec", "mccl-zz-h0", "--cpus", "0,,1", "--", "true"], "expected CPU numbers separated by commas"),
     (["nsexec", "mccl-zz-h0", "--cpus", "-1", "--", "true"], "expected CPU numbers separated by commas"),

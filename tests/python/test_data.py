@@ -102,6 +102,18 @@ def test_manifest_command_line(tmp_path):
     proc = subprocess.run([PY, "-m", "mccl.data", "compare", str(root), str(out), "--repeat", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "for 30 files" in proc.stdout and "ratio:" in proc.stdout, proc.stdout
+    # Wrong inputs: one line naming the problem, exit 2, no traceback, nothing left behind.
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text("[1, 2]")
+    for argv, says in [(["compare", str(root), str(tmp_path / "none.json")], "No such file"),
+                       (["compare", str(root), str(tmp_path / "bad.json")], "not an mccl manifest: not JSON"),
+                       (["compare", str(root), str(tmp_path / "other.json")], "not an mccl manifest"),
+                       (["compare", str(tmp_path / "nowhere"), str(out)], "is not a directory"),
+                       (["manifest", str(root), "-o", str(root)], "is a folder"),
+                       (["manifest", str(root), "-o", "/proc/no-such-dir/m.json"], "cannot write a file in")]:
+        proc = subprocess.run([PY, "-m", "mccl.data", *argv], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
+    assert sorted(p.name for p in root.iterdir()) == ["d"]
 
 
 def _naive_walk(root):

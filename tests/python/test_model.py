@@ -312,10 +312,13 @@ def test_cli_edges(tmp_path, capsys):
     for argv, message in ((["predict", "--hosts", "1,8"], "host counts >= 2"),
                           (["predict", "--uplink-gbs", "0"], "--uplink-gbs"),
                           (["predict", "--plot", str(tmp_path / "x.txt")], "give a .png, .pdf or .svg"),
-                          (["predict", "--plot", str(tmp_path / "no" / "x.png")], "no such directory")):
+                          (["predict", "--plot", "/proc/no/x.png"], "cannot write a file in /proc/no")):
         with pytest.raises(SystemExit) as exc:
             model.main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err, argv
+    assert model.main(["predict", "--hosts", "8", "--bucket-mb", "25", "--plot", str(tmp_path / "new" / "x.png")]) == 0
+    assert (tmp_path / "new" / "x.png").stat().st_size > 0  # a missing folder is made, as mccl.bench does
+    capsys.readouterr()
     assert model.main(["predict", "--hosts", "8", "--bucket-mb", "25", "--segment-kb", "inf"]) == 0
     assert "additive steps are never purely bandwidth-bound" in capsys.readouterr().out
     # A reader that stops early (`| head -1`) is not an error.
@@ -390,6 +393,9 @@ def test_host_counts_from_the_8_host_run_on_one_machine():
     (["fit", BENCH, "--backend", "nccl"], "no timed all_reduce rows of backend 'nccl'"),
     (["fit"], "FILE.json"),
     ([], "required"),
+    (["predict", "--hosts", "1000000000"], "this model prices at most 100000"),
+    (["predict", "--plot", "/proc/x.png"], "cannot write a file in /proc"),
+    (["fit", BENCH, "--threshold", "-5"], "a size is 0 or more bytes"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

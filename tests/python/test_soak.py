@@ -63,3 +63,17 @@ def test_soak_help_documents_the_options():
     for option in ("--duration", "--nproc", "--max-bytes", "--collectives", "--dtypes", "--seed", "--json",
                    "--report-every", "--backend", "torchrun"):
         assert option in out, f"--help does not mention {option}"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--duration", "nan"], "--duration: nan: must be a finite number of seconds, above 0"),
+    (["--timeout", "0"], "--timeout: 0: must be a finite number of seconds, above 0"),
+    (["--backend", "foo"], "--backend: foo is not a torch.distributed backend here"),
+    (["--corrupt", "9:3"], "--corrupt 9:3: there is no rank 9 in a world of 4"),
+    (["--json", "/proc/no-such-dir/x.json"], "cannot write a file in /proc/no-such-dir"),
+])
+def test_bad_arguments_are_refused_before_any_rank_starts(args, says):
+    """A run that could never pass, never stop or never write its results is refused at once, in
+    one line (a --corrupt rank that does not exist would corrupt nothing and pass)."""
+    rc, out = soak(*args, deadline=120)
+    assert rc == 2 and says in out and "Traceback" not in out, out[-3000:]

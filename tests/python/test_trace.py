@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -107,6 +108,9 @@ def test_trace_records_every_frame_exactly(tmp_path):
                        "--json", str(tmp_path / "s.json")]) == 0
     rows = json.loads((tmp_path / "s.json").read_text())
     assert len(rows) == 2 * n and all(row["links"] for row in rows)
+    # A rank's trace given twice would double every figure of that rank: refused, naming both.
+    twice = f"{prefix}.group_0.rank0.json"
+    assert trace.main(["summary", twice, f"{prefix}.group_0.rank1.json", twice]) == 2
 
 
 def _profiled(rank: int, world_size: int) -> dict:
@@ -161,6 +165,10 @@ def test_gap_decomposes_each_period_against_the_wire_bound(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mean of 2 collectives after the first 1: period 9.50 ms = bound 8.00 ms (84.2% of the period)" in out
     assert trace.main(["gap", str(path), "--goodput", "fast"]) == 2
+    assert trace.main(["gap", str(path), "--goodput", "1gbit", "--skip", "5"]) == 0
+    assert "no collective with a period after the first 5 (3 in the trace): no mean" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        trace.main(["gap", str(path), "--goodput", "1gbit", "--skip", "-1"])
 
 
 def _x(tid, name, ts, dur, step=0, nbytes=0, cat="frame"):

@@ -184,13 +184,17 @@ def parse_config(data: dict, path: Optional[str] = None) -> AgentConfig:
     """An :class:`AgentConfig` from a parsed TOML document.
 
     Raises:
-        ConfigError: unknown key, wrong type, negative duration, missing ``ray.address``, bad
-            launcher, bad time window or day name.
+        ConfigError: unknown key, wrong type, negative duration, missing ``ray.address`` or one
+            that is not HOST:PORT, bad launcher, bad time window or day name.
     """
     cfg = _fill(AgentConfig, data, "")
     cfg.path = path
     if not cfg.ray.address:
         raise ConfigError("ray.address is required: the head node's HOST:PORT, e.g. address = \"10.0.0.1:6379\"")
+    host, _, port = cfg.ray.address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"ray.address must be the head node's HOST:PORT (port 1-65535), e.g. \"10.0.0.1:6379\"; "
+                          f"got {cfg.ray.address!r}")
     if cfg.ray.launcher not in ("mccl", "ray"):
         raise ConfigError(f"ray.launcher must be \"mccl\" or \"ray\", got {cfg.ray.launcher!r}")
     if cfg.ray.units < 1:

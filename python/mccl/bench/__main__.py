@@ -49,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         if runtime.rank_mode():
             return module.main(args)
         runtime.split_backends(args.backends)  # an unknown name fails here, before any rank starts
+        if hasattr(module, "check_args"):
+            try:
+                world = runtime.driver_spec(args)[1]
+            except Exception:  # the cluster is not up, not root, ...: relaunch says so in one line
+                world = None
+            try:
+                module.check_args(args, world)
+            except SystemExit as exc:
+                print(f"mccl.bench: error: {exc.code}", file=sys.stderr)
+                return 2
         if hasattr(module, "drive"):
             return module.drive(args, argv)
         try:

@@ -231,7 +231,7 @@ def size_list(args) -> list[int]:
         return args.sizes
     lo, hi, f = args.minbytes, args.maxbytes, args.stepfactor
     if hi < lo:
-        raise SystemExit("need --minbytes <= --maxbytes")
+        raise SystemExit(f"-b/--minbytes {lo} is above -e/--maxbytes {hi}")
     sizes = []
     s = lo
     while s <= hi:
@@ -276,8 +276,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="delay --skew-rank by a random 0..N ms before every iteration (parking/credits test)")
     g.add_argument("--skew-rank", type=int, default=-1, help="the delayed rank (-1: the last)")
     g = p.add_argument_group("output (rank 0)")
-    g.add_argument("--json", default=None, help="write every result and the run's metadata to this file")
-    g.add_argument("--plot", default=None, help="write a PNG of busbw vs size per collective, goodput line")
+    g.add_argument("--json", type=_cli.output_file, default=None, help="write every result and the run's metadata to this file")
+    g.add_argument("--plot", type=_cli.output_file, default=None, help="write a PNG of busbw vs size per collective, goodput line")
     g.add_argument("--quiet", action="store_true", help="no line per finished size while running")
     runtime.add_goodput_args(p)
 
@@ -290,6 +290,20 @@ def resolve_ops(text: str) -> list[Collective]:
             raise SystemExit(f"--ops: unknown collective {name!r}; choose from {', '.join(COLLECTIVES)}")
         ops.append(COLLECTIVES[name])
     return ops
+
+
+def check_args(args, world_size: int | None) -> None:
+    """SystemExit naming the problem for arguments no rank could run: an unknown collective, an
+    empty size range, a root or skewed rank outside a world of ``world_size`` (None: not known
+    yet). The driver calls it before starting any rank; every rank calls it too (torchrun)."""
+    resolve_ops(args.ops)
+    size_list(args)
+    if world_size is not None:
+        if not 0 <= args.root < world_size:
+            raise SystemExit(f"--root {args.root}: a world of {world_size} has ranks 0 to {world_size - 1}")
+        if args.skew_ms > 0 and not -world_size <= args.skew_rank < world_size:
+            raise SystemExit(f"--skew-rank {args.skew_rank}: a world of {world_size} has ranks 0 to "
+                             f"{world_size - 1} (or -1 to -{world_size} from the last)")
 
 
 def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size: int, args, rng: random.Random,
@@ -437,6 +451,7 @@ def main(args) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     torch.set_num_threads(args.threads)
     backends = runtime.split_backends(args.backends)
+    check_args(args, int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
     ops = resolve_ops(args.ops)
     sizes = size_list(args)
     dev = runtime.rank_device(args.device)

@@ -352,8 +352,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="timed steps per variant")
     g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=2, help="untimed steps per variant first")
     g = p.add_argument_group("output (rank 0)")
-    g.add_argument("--json", default=None, help="write the results and the run's metadata to this file")
-    g.add_argument("--plot", default=None, help="write a PNG bar chart of ms/step per variant")
+    g.add_argument("--json", type=_cli.output_file, default=None, help="write the results and the run's metadata to this file")
+    g.add_argument("--plot", type=_cli.output_file, default=None, help="write a PNG bar chart of ms/step per variant")
     g.add_argument("--quiet", action="store_true", help="no line per timed step while running")
     g.add_argument("--step-timeout", type=_cli.number_at_least(0, what="number of seconds"), default=300.0,
                    help="a rank whose step (warm-up included) runs longer says which variant and step, and prints "

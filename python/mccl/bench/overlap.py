@@ -63,8 +63,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(what a CPU-only backend needs; the old behaviour); no effect with --device cpu")
     g.add_argument("--steps", type=_cli.int_at_least(1), default=5, help="timed steps per mode")
     g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=1, help="untimed steps per mode first")
-    g.add_argument("--json", default=None, help="write the results and metadata to this file (rank 0)")
-    g.add_argument("--plot", default=None, help="write a PNG bar chart like the paper's Fig. 3 right (rank 0)")
+    g.add_argument("--json", type=_cli.output_file, default=None, help="write the results and metadata to this file (rank 0)")
+    g.add_argument("--plot", type=_cli.output_file, default=None, help="write a PNG bar chart like the paper's Fig. 3 right (rank 0)")
 
 
 class Step:

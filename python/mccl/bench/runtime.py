@@ -65,20 +65,20 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                    default=600.0, help="process-group timeout (s)")
 
 
-def split_backends(text: str) -> list[str]:
-    """The backends of ``--backends``; SystemExit naming the problem when one is not a backend of
-    this torch (mccl counts once importable) or a name repeats."""
+def split_backends(text: str, flag: str = "--backends") -> list[str]:
+    """The backends of ``--backends`` (``flag`` names the option in errors); SystemExit naming the
+    problem when one is not a backend of this torch (mccl counts once importable) or a name repeats."""
     import torch.distributed as dist
 
     backends = [b.strip().lower() for b in text.split(",") if b.strip()]  # torch lowercases them too
     if not backends or len(set(backends)) != len(backends):
-        raise SystemExit(f"--backends {text!r}: give one or more distinct backend names, e.g. mccl,gloo")
+        raise SystemExit(f"{flag} {text!r}: give one or more distinct backend names, e.g. mccl,gloo")
     if "mccl" in backends:
         import mccl  # noqa: F401  (registers the backend)
     known = [b for b in dist.Backend.backend_list if b != "undefined"]
     unknown = [b for b in backends if b not in known]
     if unknown:
-        raise SystemExit(f"--backends: {', '.join(unknown)} is not a torch.distributed backend here; "
+        raise SystemExit(f"{flag}: {', '.join(unknown)} is not a torch.distributed backend here; "
                          f"known: {', '.join(known)}")
     return backends
 

@@ -40,7 +40,7 @@ from . import runtime
 
 def add_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
-    g.add_argument("--world-sizes", default=None,
+    g.add_argument("--world-sizes", type=_cli.int_list(1, what="world size"), default=None,
                    help="driver mode: comma-separated world sizes (default 1, 2, 4, ... up to --nproc, and --nproc)")
     g.add_argument("--model", default="mlp", choices=["mlp", "convnet"], help="model to train")
     g.add_argument("--width", type=_cli.int_at_least(1), default=2048,
@@ -53,8 +53,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="DDP bucket_cap_mb")
     g.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="timed steps per backend")
     g.add_argument("--warmup-steps", type=_cli.int_at_least(0), default=3, help="untimed steps per backend first")
-    g.add_argument("--json", default=None, help="write all results and metadata to this file")
-    g.add_argument("--plot", default=None, help="write a PNG of samples/s vs ranks with linear scaling")
+    g.add_argument("--json", type=_cli.output_file, default=None, help="write all results and metadata to this file")
+    g.add_argument("--plot", type=_cli.output_file, default=None, help="write a PNG of samples/s vs ranks with linear scaling")
     g.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # driver <- rank 0
 
 
@@ -155,7 +155,7 @@ def main(args) -> int:
 
 def world_sizes(args, nproc: int) -> list[int]:
     if args.world_sizes:
-        return [int(w) for w in args.world_sizes.split(",")]
+        return list(dict.fromkeys(args.world_sizes))  # each once, in the order given
     sizes, w = [], 1
     while w < nproc:
         sizes.append(w)

@@ -26,6 +26,7 @@ from rich.text import Text
 from torch import nn
 
 from .compare import Thresholds, default_thresholds, default_whole_model_thresholds
+from .. import _cli
 from .layers import CheckUsageError, check_model, resolve_device
 from .stft import DEFAULT_STFT_CONFIGS, DEFAULT_STFT_LENGTHS, StftConfig, check_stft, stft_dtype
 
@@ -97,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
                    help="minimum cosine similarity for the whole-model comparison (default 0.99)")
     p.add_argument("--whole-rel", type=float, metavar="MAX",
                    help="maximum relative error for the whole-model comparison (default 10x --rel's default)")
-    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--json", metavar="PATH", type=_cli.output_file, help="write the full report as JSON")
     p.add_argument("--stft", action="store_true", help="also run the STFT reference check")
     p.add_argument("--stft-lengths", type=_ints, default=list(DEFAULT_STFT_LENGTHS), metavar="L,...",
                    help="signal lengths for --stft in samples (default 48000,76800,131071)")

@@ -13,6 +13,7 @@ import time
 from typing import Optional, Sequence
 
 from .._cli import int_at_least
+from .. import _cli
 from .manifest import HASHES, Manifest, build_manifest, walk_files
 
 
@@ -22,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("manifest", help="walk ROOT in parallel and write its manifest")
     m.add_argument("root")
-    m.add_argument("-o", "--output", required=True, help="manifest file to write (JSON)")
+    m.add_argument("-o", "--output", required=True, type=_cli.output_file, help="manifest file to write (JSON)")
     m.add_argument("--hash", choices=HASHES, default=None, help="also digest every file (reads every byte)")
     m.add_argument("--workers", type=int_at_least(1), default=16, help="directories listed (and files hashed) at once")
     m.add_argument("--include", action="append", default=[], help="keep only names matching this pattern (repeatable)")
@@ -60,13 +61,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.command == "compare":
         walk, load = [], []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            n_walk = len(walk_files(args.root, args.workers))
-            walk.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            n_load = len(Manifest.load(args.manifest))
-            load.append(time.perf_counter() - t0)
+        try:
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                n_walk = len(walk_files(args.root, args.workers))
+                walk.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                n_load = len(Manifest.load(args.manifest))
+                load.append(time.perf_counter() - t0)
+        except (OSError, ValueError) as exc:  # a missing root or manifest, or a file that is not one
+            print(f"mccl.data: {exc}", file=sys.stderr)
+            return 2
         print(f"walk of {args.root} ({args.workers} threads): {min(walk):.4f} s for {n_walk} files")
         print(f"manifest load {args.manifest}: {min(load):.4f} s for {n_load} files")
         print(f"ratio: {min(walk) / max(min(load), 1e-9):.1f}x")

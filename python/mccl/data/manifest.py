@@ -19,6 +19,7 @@ Paths are relative to ``root``, use "/" and are sorted. Names starting with "." 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import datetime as _dt
 import fnmatch
 import hashlib
@@ -162,9 +163,14 @@ class Manifest:
     def save(self, path: str) -> None:
         """Write atomically (a temporary file renamed over ``path``)."""
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, separators=(",", ":"))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.to_json(), f, separators=(",", ":"))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # no half-written file left beside the target
+            raise
 
     @classmethod
     def load(cls, path: str, root: Optional[str] = None) -> "Manifest":
@@ -172,10 +178,14 @@ class Manifest:
         mounted elsewhere: ``/Volumes/audio`` on a Mac, ``/mnt/audio`` on Linux).
 
         Raises:
-            ValueError: not an mccl manifest, or a version this code does not read.
+            OSError: the file cannot be read.
+            ValueError: not JSON, not an mccl manifest, or a version this code does not read.
         """
         with open(path) as f:
-            data = json.load(f)
+            try:
+                data = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{path} is not an mccl manifest: not JSON ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{path} is not an mccl manifest (python -m mccl.data manifest ROOT -o {path})")
         if data.get("version") != VERSION:

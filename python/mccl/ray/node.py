@@ -20,6 +20,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from .. import _cli
 from . import DEFAULT_RESOURCE
 
 
@@ -31,9 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--head", action="store_true", help="start the cluster's head node on this machine")
     where.add_argument("--address", help="HOST:PORT of the head node to join")
-    parser.add_argument("--port", type=int, default=6379, help="head node port (with --head)")
+    parser.add_argument("--port", type=_cli.int_in(1, 65535, what="a TCP port"), default=6379, help="head node port (with --head)")
     parser.add_argument("--resource", default=DEFAULT_RESOURCE, help="custom resource mccl workers request")
-    parser.add_argument("--units", type=int, default=1,
+    parser.add_argument("--units", type=_cli.int_at_least(1), default=1,
                         help="units of the resource this machine holds: 1 per machine; more only to stand "
                              "in for several machines on one")
     parser.add_argument("--ifname", default=None,
