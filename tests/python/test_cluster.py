@@ -254,6 +254,11 @@ def test_python_goodput_reports_rate_and_both_ends_cpu():
     assert 0 < got["cpu"] <= 101 and 0 < sender_cpu <= 101, (got, sender_cpu)
 
 
+def test_rates_keep_their_digits_on_slow_links():
+    assert cluster.format_rate(4.963e9) == "4.963 Gbit/s (0.6204 GB/s)"
+    assert cluster.format_rate(99e3) == "0.000099 Gbit/s (0.0000124 GB/s)"  # 100kbit: not "0.000"
+
+
 @pytest.mark.parametrize("args, says", [
     (["down", "--id", ""], "must be 1-4 lowercase letters or digits"),  # '' would match every cluster
     (["down", "--id", "../../tmp/x"], "must be 1-4 lowercase letters or digits"),

@@ -87,6 +87,14 @@ def test_manifest_lists_every_file_with_size_mtime_and_hash(tmp_path):
         walk_files(str(tmp_path / "missing"))
 
 
+def test_a_failed_save_leaves_no_temporary_file(tmp_path):
+    m = build_manifest(str(tmp_path))
+    (tmp_path / "target").mkdir()  # os.replace onto a folder fails after the temporary file is written
+    with pytest.raises(OSError):
+        m.save(str(tmp_path / "target"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+
+
 def test_manifest_command_line(tmp_path):
     root = tmp_path / "r"
     (root / "d").mkdir(parents=True)

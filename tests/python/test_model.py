@@ -199,6 +199,19 @@ def test_fit_cli_on_our_bench_file(capsys):
     assert f"MCCL_ALPHA_BETA={round(ring.params.alpha * ring.params.beta)}\n" in out
 
 
+def test_a_fit_pooling_two_networks_warns(tmp_path, capsys):
+    """One alpha and beta fitted to runs of two networks describe neither: the fit says so."""
+    data = json.load(open(BENCH))
+    slow = dict(data, meta=dict(data["meta"], goodput=dict(data["meta"]["goodput"], bits_per_s=5e8)))
+    bare = dict(data, meta={k: v for k, v in data["meta"].items() if k != "goodput"})
+    for other, says in ((slow, "measured on networks of different goodput"), (bare, "has no measured goodput")):
+        (tmp_path / "other.json").write_text(json.dumps(other))
+        assert model.main(["fit", BENCH, str(tmp_path / "other.json")]) == 0
+        assert says in capsys.readouterr().err
+    assert model.main(["fit", BENCH, BENCH]) == 0  # the same network twice: no warning
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_predict_from_fit(capsys):
     assert model.main(["predict", "--fit", BENCH, "--hosts", "8", "--bucket-mb", "64", "--mib"]) == 0
     out = capsys.readouterr().out

@@ -169,6 +169,8 @@ def test_gap_decomposes_each_period_against_the_wire_bound(tmp_path, capsys):
     assert "no collective with a period after the first 5 (3 in the trace): no mean" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         trace.main(["gap", str(path), "--goodput", "1gbit", "--skip", "-1"])
+    with pytest.raises(SystemExit):
+        trace.main(["summary", str(path), "--top", "0"])
 
 
 def _x(tid, name, ts, dur, step=0, nbytes=0, cat="frame"):
