@@ -99,12 +99,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     from .bench.runtime import split_backends
 
     try:
-        if len(split_backends(args.backend, "--backend")) != 1:
-            p.error(f"--backend {args.backend}: one backend (mccl, or gloo to compare)")
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            p.error(exc.code)
-        raise
+        backends = split_backends(args.backend, "--backend")
+    except SystemExit as exc:  # its message names the problem; argparse's form and exit status 2
+        p.error(str(exc.code))
+    if len(backends) != 1:
+        p.error(f"--backend {args.backend}: one backend (mccl, or gloo to compare)")
     return args
 
 

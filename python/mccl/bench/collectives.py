@@ -292,18 +292,19 @@ def resolve_ops(text: str) -> list[Collective]:
     return ops
 
 
-def check_args(args, world_size: int | None) -> None:
-    """SystemExit naming the problem for arguments no rank could run: an unknown collective, an
-    empty size range, a root or skewed rank outside a world of ``world_size`` (None: not known
-    yet). The driver calls it before starting any rank; every rank calls it too (torchrun)."""
-    resolve_ops(args.ops)
-    size_list(args)
+def check_args(args, world_size: int | None) -> tuple[list[Collective], list[int]]:
+    """The collectives and sizes to measure; SystemExit naming the problem for arguments no rank
+    could run: an unknown collective, an empty size range, a root or skewed rank outside a world of
+    ``world_size`` (None: not known yet). The driver calls it before starting any rank; every rank
+    calls it too (torchrun)."""
+    ops, sizes = resolve_ops(args.ops), size_list(args)
     if world_size is not None:
         if not 0 <= args.root < world_size:
             raise SystemExit(f"--root {args.root}: a world of {world_size} has ranks 0 to {world_size - 1}")
         if args.skew_ms > 0 and not -world_size <= args.skew_rank < world_size:
             raise SystemExit(f"--skew-rank {args.skew_rank}: a world of {world_size} has ranks 0 to "
                              f"{world_size - 1} (or -1 to -{world_size} from the last)")
+    return ops, sizes
 
 
 def measure(coll: Collective, backend: str, group, groups: runtime.Groups, size: int, args, rng: random.Random,
@@ -451,9 +452,7 @@ def main(args) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     torch.set_num_threads(args.threads)
     backends = runtime.split_backends(args.backends)
-    check_args(args, int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
-    ops = resolve_ops(args.ops)
-    sizes = size_list(args)
+    ops, sizes = check_args(args, int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None)
     dev = runtime.rank_device(args.device)
     groups = runtime.init_groups(backends, args.pg_timeout)
     goodput = runtime.resolve_goodput(args, groups)

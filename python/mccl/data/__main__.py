@@ -12,7 +12,6 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .._cli import int_at_least
 from .. import _cli
 from .manifest import HASHES, Manifest, build_manifest, walk_files
 
@@ -25,15 +24,15 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("root")
     m.add_argument("-o", "--output", required=True, type=_cli.output_file, help="manifest file to write (JSON)")
     m.add_argument("--hash", choices=HASHES, default=None, help="also digest every file (reads every byte)")
-    m.add_argument("--workers", type=int_at_least(1), default=16, help="directories listed (and files hashed) at once")
+    m.add_argument("--workers", type=_cli.int_at_least(1), default=16, help="directories listed (and files hashed) at once")
     m.add_argument("--include", action="append", default=[], help="keep only names matching this pattern (repeatable)")
     m.add_argument("--hidden", action="store_true", help="keep names starting with '.' (.DS_Store, ._* files)")
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
     c = sub.add_parser("compare", help="time a walk of ROOT against loading MANIFEST")
     c.add_argument("root")
     c.add_argument("manifest")
-    c.add_argument("--workers", type=int_at_least(1), default=16)
-    c.add_argument("--repeat", type=int_at_least(1), default=3, help="best of this many runs of each")
+    c.add_argument("--workers", type=_cli.int_at_least(1), default=16)
+    c.add_argument("--repeat", type=_cli.int_at_least(1), default=3, help="best of this many runs of each")
     i = sub.add_parser("cache-info", help="size and number of the copies in a ShardCache directory")
     i.add_argument("directory")
     return p
