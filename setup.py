@@ -145,7 +145,7 @@ def _project_version():
 
 DISTRIBUTION_VERSION = _project_version()
 IS_MACOS = sys.platform == "darwin"
-SOURCES = ["torch/ProcessGroupMCCL.cpp", "torch/module.cpp", "torch/device.cpp", "torch/device_cpu.cpp",
+SOURCES = ["torch/ProcessGroupMCCL.cpp", "torch/call_site.cpp", "torch/module.cpp", "torch/device.cpp", "torch/device_cpu.cpp",
            "torch/device_cuda.cpp"]  # device_cuda.cpp needs no CUDA toolkit: it loads libcuda at run time
 COMPILE = ["-O2", "-std=c++17"]
 LINK = ["-pthread"]

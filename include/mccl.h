@@ -340,6 +340,14 @@ typedef struct mcclOpOptions {
                                     mcclRequestSeal (see "Issue order" below). */
   struct mcclRequest* follows;   /* NULL, or a collective request of the same communicator that
                                     this collective follows up (see "Issue order" below). */
+  uint32_t call_site;            /* 0, or a tag of the place in the caller's program that issued
+                                    this collective (e.g. a hash of file and line): carried in its
+                                    frames and compared with the peers' like its count, so
+                                    ranks that pair collectives from two different places fail
+                                    with mcclMismatch instead of combining them. 0 matches any
+                                    tag (a caller that has none). Point-to-point calls ignore
+                                    it. The torch shim sets it when MCCL_CHECK_CALL_SITES=1
+                                    (docs/FAILURES.md). */
 } mcclOpOptions_t;
 
 /* ---------------------------------------------------------------------------------------------

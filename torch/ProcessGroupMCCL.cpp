@@ -258,6 +258,15 @@ void checkOutputs(const std::vector<at::Tensor>& outs, const char* op) {
   }
 }
 
+// MCCL_CHECK_CALL_SITES (docs/ENVIRONMENT.md), as the C library read it.
+bool checkCallSites() {
+  static const bool on = [] {
+    int64_t v = 0;
+    return mcclGetEnvInt("MCCL_CHECK_CALL_SITES", &v) == mcclSuccess && v == 1;
+  }();
+  return on;
+}
+
 int64_t timeoutMs(std::chrono::milliseconds op_timeout, std::chrono::milliseconds pg_timeout) {
   return op_timeout == c10d::kUnsetTimeout ? pg_timeout.count() : op_timeout.count();
 }
@@ -659,7 +668,7 @@ void WorkMCCL::complete(mcclResult_t result) {
     }
     const char* detail = mcclRequestError(request_);
     try {
-      throwMccl(result, name_ + group_, detail[0] ? detail : "see the log");
+      throwMccl(result, name_ + group_ + issuedAt(), detail[0] ? detail : "see the log");
     } catch (...) {
       eptr = std::current_exception();
     }
@@ -846,12 +855,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   const bool p2p = c10d::isP2POp(work->retrieveOpType());
   // Issued from a callback with an order mark: run where the callback was attached.
   if (!p2p && tl_mark != nullptr) opts.follows = tl_mark->markerFor(comm_);
+  if (!p2p && checkCallSites()) opts.call_site = pythonCallSite(&work->site_);
   work->comm_ = comm_;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {
     work->staging_->refused();
     work->self_.reset();
-    throwMccl(res, work->name_ + work->group_, mcclGetLastError(comm_));
+    throwMccl(res, work->name_ + work->group_ + work->issuedAt(), mcclGetLastError(comm_));
   }
   // Counted before complete() can run: it waits for `issuing`, which this thread holds.
   Completer::get().issued();

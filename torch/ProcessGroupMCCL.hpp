@@ -59,6 +59,8 @@ class WorkMCCL : public c10d::Work {
   friend class ProcessGroupMCCL;
   static void onRelease(void* ctx, mcclResult_t result);
   void complete(mcclResult_t result);
+  // " (issued at train.py:12 (in main))" with MCCL_CHECK_CALL_SITES, else "": for its errors.
+  std::string issuedAt() const { return site_.empty() ? std::string() : " (issued at " + site_ + ")"; }
 
   std::vector<at::Tensor> outputs_;       // what the Future completes with
   std::unique_ptr<Staging> staging_;      // engine buffers, copy-backs and tickets (device.hpp)
@@ -74,6 +76,7 @@ class WorkMCCL : public c10d::Work {
   uint64_t seq_ = 0;
   std::string name_;
   std::string group_;                     // " on group NAME ('DESC')", for its error messages
+  std::string site_;                      // MCCL_CHECK_CALL_SITES: where it was issued, or ""
 };
 
 // The order mark of a Python callback (see "where a callback's collectives run" in the .cpp):
@@ -205,5 +208,10 @@ class ProcessGroupMCCL : public c10d::Backend {
 // completion thread takes the GIL while the interpreter finalizes (ProcessGroupMCCL.cpp,
 // Completer::atExit). Call it with the GIL held or not; it releases the GIL while it waits.
 void completionsAtExit(double seconds);
+
+// MCCL_CHECK_CALL_SITES=1 (call_site.cpp): a tag of the Python line that issued the collective
+// being issued on this thread (0 if none: no Python frame outside torch), and that line as text
+// ("train.py:12 (in main)") in `where`. Takes the GIL for the walk.
+uint32_t pythonCallSite(std::string* where);
 
 }  // namespace mccl

@@ -32,6 +32,7 @@ typedef struct mcclOp {
   mcclAlgorithm_t algorithm; /* mcclAlgoAuto: chosen by size */
   const size_t* v;         /* all-to-allv: sendcounts, sdispls, recvcounts, rdispls (4 x nranks) */
   int64_t deadline_ns;     /* mcclNowNs() clock */
+  uint32_t site;           /* mcclOpOptions_t.call_site, carried in every frame */
 } mcclOp;
 
 /* What an algorithm may use. Owned by the engine thread. */

@@ -37,6 +37,7 @@ void mcclAlgoFrame(const mcclOp* op, mcclFrame* f, uint32_t step, size_t offset,
   f->seq = op->seq;
   f->count = op->count;
   f->root = (uint32_t)op->root;
+  f->site = op->site;
   f->step = step;
   f->offset = offset;
   f->length = (uint32_t)length;

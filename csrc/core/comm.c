@@ -360,7 +360,7 @@ static void initPublishFailure(const mcclStore_t* store, const char* prefix, int
  * reaches them while they still wait.
  * ------------------------------------------------------------------------------------------- */
 
-#define MCCL_SETTINGS_STRLEN 192
+#define MCCL_SETTINGS_STRLEN 256
 
 typedef struct {
   char addr[MCCL_ADDR_STRLEN];
@@ -386,10 +386,10 @@ static void jobSettings(int nranks, char* out, size_t cap) {
   int64_t runtime_connect = mcclParamInt("MCCL_RUNTIME_CONNECT");
   if (runtime_connect < 0) runtime_connect = nranks > mcclParamInt("MCCL_ANNOUNCE_RANKS");
   snprintf(out, cap, "MCCL_ALGO=%s MCCL_RING_THRESHOLD=%lld MCCL_SEGMENT_BYTES=%lld MCCL_ALPHA_BETA=%lld "
-           "MCCL_ANNOUNCE_RANKS=%lld MCCL_RUNTIME_CONNECT=%lld", algo,
+           "MCCL_ANNOUNCE_RANKS=%lld MCCL_RUNTIME_CONNECT=%lld MCCL_CHECK_CALL_SITES=%lld", algo,
            (long long)mcclParamInt("MCCL_RING_THRESHOLD"), (long long)mcclParamInt("MCCL_SEGMENT_BYTES"),
            (long long)mcclParamInt("MCCL_ALPHA_BETA"), (long long)mcclParamInt("MCCL_ANNOUNCE_RANKS"),
-           (long long)runtime_connect);
+           (long long)runtime_connect, (long long)mcclParamInt("MCCL_CHECK_CALL_SITES"));
 }
 
 /* Every rank judges the same table: the first rank whose settings differ from rank 0's fails

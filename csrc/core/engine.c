@@ -111,7 +111,8 @@ static void failCommunicator(struct mcclComm* comm, mcclResult_t res, char* msg,
   size_t len = strlen(msg);
   if (comm->tp.silent[0] != '\0' && len + 1 < cap)
     snprintf(msg + len, cap - len, " [while every other rank reported this failure or closed, %s sent "
-             "nothing: stalled or stopped?]", comm->tp.silent);
+             "nothing in the %d ms this rank listened: stalled or stopped, or is the link slow?]",
+             comm->tp.silent, comm->tp.silent_ms);
   mcclCommSetError(comm, res, msg);
   mcclP2pFailAll(comm, res, msg);
 }
@@ -440,6 +441,7 @@ struct mcclRequest* mcclRequestNew(const mcclOp* op, const mcclOpOptions_t* opti
   if (options) {
     req->op.algorithm = options->algorithm;
     req->premul_factor = options->premul_factor;
+    if (op->coll != MCCL_COLL_SEND && op->coll != MCCL_COLL_RECV) req->op.site = options->call_site;
   }
   return req;
 }

@@ -45,6 +45,10 @@ static mcclParam params[] = {
      * frame to and from every rank (one hop); larger ones with the dissemination agreement
      * (ceil(log2 n) hops, 2 ceil(log2 n) frames; algo/algo.h). Every rank must be given the same. */
     {"MCCL_ANNOUNCE_RANKS", 16, 0, 1 << 30, 0, NULL, 0},
+    /* 1: the torch shim tags every collective with the place in the Python program that issued
+     * it (mcclOpOptions_t.call_site), so that collectives issued from two places never pair up.
+     * Every rank must be given the same. */
+    {"MCCL_CHECK_CALL_SITES", 0, 0, 1, 0, NULL, 0},
     /* 1: connect to a peer when a transfer with it is first posted (transport/tcp.h); 0: the
      * full mesh at init; -1: 1 above MCCL_ANNOUNCE_RANKS ranks. Every rank must be given the same. */
     {"MCCL_RUNTIME_CONNECT", -1, -1, 1, 0, NULL, 0},

@@ -518,7 +518,7 @@ static mcclResult_t senderFailed(mcclTransport* t) {
 
 /* Compare an arrived header with the one posted (wire.c); mcclMismatch with both described. */
 static mcclResult_t frameCheck(mcclTransport* t, int peer, const mcclFrame* got, const mcclFrame* want) {
-  char why[600];
+  char why[640];
   if (mcclFrameMatch(got, want, why, sizeof(why)) == MCCL_WIRE_OK) return mcclSuccess;
   snprintf(t->error, sizeof(t->error),
            "collective mismatch at rank %d: rank %d (%s) %s; every rank must issue the same "

@@ -205,6 +205,7 @@ typedef struct mcclTransport {
   char error[768];                /* why the last call failed */
   char silent[256];               /* after mcclTransportFail: live peers that neither reported a
                                      failure nor closed during the linger ("" if none) */
+  int silent_ms;                  /* how long that linger listened, in ms */
   uint64_t settled;               /* collectives this rank completed (mcclTransportSettle): the
                                      ABORT frames of mcclTransportFail carry it */
   struct mcclTrace* trace;        /* the owner's recorder (core/trace.h), or NULL: frames' send,
@@ -367,7 +368,8 @@ void mcclTransportWake(mcclTransport* t);
  * once, forget every posted transfer (without touching them: their owners may have returned),
  * and linger up to MCCL_FAIL_LINGER_MS reading what peers still send so that the ABORT frames
  * arrive. t->silent then names the peers that stayed silent all along (no failure report, no
- * close): when every other rank reports its failure, a silent one is the likely stalled rank. */
+ * close): when every other rank reports its failure, a silent one is the likely stalled rank, or
+ * one whose notice could not cross a slow link in time (t->silent_ms says how long it had). */
 void mcclTransportFail(mcclTransport* t, const char* reason);
 
 /* Before the owner reports collective `seq` (its run-order number) as succeeded on this rank:

@@ -24,16 +24,28 @@
 
 /* Never dereferences posted transfers: after an error their owners may have returned. */
 void mcclTransportFail(mcclTransport* t, const char* full_reason) {
-  /* A reason that wraps a peer's reason ("rank 1: ... failed: rank 2 (addr) failed: ...") holds
-   * the root cause at its end: when too long for a frame, keep its head and its tail. */
-  char clipped[MCCL_MAX_ABORT_REASON + 1];
+  /* A reason that wraps a peer's reason ("rank 1: ... failed: rank 2 (addr) failed: <rank 2's
+   * reason>") is passed on as that peer's reason alone: every reason on the wire is then the
+   * root cause, the message of the rank that failed first, however many ranks relayed it (their
+   * wrappers, one per hop, used to push the cause out of the frame on large rings). */
   const char* reason = full_reason;
   size_t len = strlen(full_reason);
+  for (int r = 0; r < t->nranks; r++) {
+    const char* peer = t->conns[r].abort_reason;
+    size_t plen = strlen(peer);
+    if (r != t->rank && plen > 0 && plen < len && strcmp(full_reason + len - plen, peer) == 0) {
+      reason = peer;
+      len = plen;
+      break;
+    }
+  }
+  /* A reason too long for a frame: its head and its tail. */
+  char clipped[MCCL_MAX_ABORT_REASON + 1];
   if (len > MCCL_MAX_ABORT_REASON) {
     const size_t head = 120, gap = 5, tail = MCCL_MAX_ABORT_REASON - head - gap;
-    memcpy(clipped, full_reason, head);
+    memcpy(clipped, reason, head);
     memcpy(clipped + head, " ... ", gap);
-    memcpy(clipped + head + gap, full_reason + len - tail, tail);
+    memcpy(clipped + head + gap, reason + len - tail, tail);
     clipped[MCCL_MAX_ABORT_REASON] = '\0';
     reason = clipped;
     len = MCCL_MAX_ABORT_REASON;
@@ -129,6 +141,7 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
     }
   }
   t->silent[0] = '\0';
+  t->silent_ms = (int)((mcclNowNs() - start) / 1000000LL);
   int nsilent = 0, nother = 0;
   for (int r = 0; r < t->nranks && heard != NULL; r++) {
     if (r == t->rank) continue;

@@ -62,8 +62,10 @@ void mcclFrameDescribe(const mcclFrame* f, char* out, size_t cap) {
              f->step - MCCL_STEP_CONTROL);
   else
     snprintf(step, sizeof(step), "step %u", f->step);
-  snprintf(out, cap, "%s #%llu (count %llu %s%s%s; %s, bytes %llu+%u)", mcclCollName(f->coll),
-           (unsigned long long)f->seq, (unsigned long long)f->count, mcclDtypeName(f->dtype), op, root,
+  char site[32] = "";
+  if (f->site != 0) snprintf(site, sizeof(site), ", call site %08x", f->site);
+  snprintf(out, cap, "%s #%llu (count %llu %s%s%s%s; %s, bytes %llu+%u)", mcclCollName(f->coll),
+           (unsigned long long)f->seq, (unsigned long long)f->count, mcclDtypeName(f->dtype), op, root, site,
            step, (unsigned long long)f->offset, f->length);
 }
 
@@ -138,9 +140,9 @@ mcclWireStatus mcclFrameHeaderCheck(const uint8_t in[MCCL_FRAME_BYTES], int p2p_
   if (f.type != MCCL_FRAME_DATA && f.type != MCCL_FRAME_ABORT && f.type != MCCL_FRAME_CREDIT &&
       !(f.type == MCCL_FRAME_P2P && p2p_ok))
     return reject(MCCL_WIRE_BAD_TYPE, why, cap, "a frame of unexpected type %u", f.type);
-  uint32_t reserved = mcclGet32(in + 44);
-  if (reserved != 0)
-    return reject(MCCL_WIRE_BAD_RESERVED, why, cap, "a frame whose reserved word is 0x%08x, not 0", reserved);
+  if (f.type != MCCL_FRAME_DATA && f.site != 0)
+    return reject(MCCL_WIRE_BAD_RESERVED, why, cap, "a frame of type %u whose site word is 0x%08x, not 0", f.type,
+                  f.site);
   if (f.type == MCCL_FRAME_CREDIT &&
       (f.length != 0 || f.coll || f.dtype || f.op || f.count || f.offset || f.step || f.root))
     return reject(MCCL_WIRE_BAD_RESERVED, why, cap,
@@ -170,10 +172,17 @@ mcclWireStatus mcclFrameMatch(const mcclFrame* got, const mcclFrame* want, char*
     len += (size_t)snprintf(fields + len, sizeof(fields) - len, "%s" #name, len ? ", " : "");    \
   if (len >= sizeof(fields)) len = sizeof(fields) - 1;
   FIELD(coll) FIELD(dtype) FIELD(op) FIELD(seq) FIELD(count) FIELD(root) FIELD(step) FIELD(offset) FIELD(length)
+  if (got->site != 0 && want->site != 0) { FIELD(site) } /* 0: no call site given, matches any */
 #undef FIELD
   if (len == 0) return MCCL_WIRE_OK;
-  char a[200], b[200];
+  char a[220], b[220];
   mcclFrameDescribe(got, a, sizeof(a));
   mcclFrameDescribe(want, b, sizeof(b));
-  return reject(MCCL_WIRE_MISMATCH, why, cap, "sent %s, but the receiver expected %s (%s differ)", a, b, fields);
+  /* Only the call site differs: the same collective, issued from two places of the program. */
+  const char* hint = strcmp(fields, "site") == 0
+                         ? ": one rank skipped a collective, or issued this one from another line "
+                           "(MCCL_CHECK_CALL_SITES)"
+                         : "";
+  return reject(MCCL_WIRE_MISMATCH, why, cap, "sent %s, but the receiver expected %s (%s differ%s)", a, b, fields,
+                hint);
 }

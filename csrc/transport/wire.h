@@ -11,11 +11,13 @@
  *   32 comm_hash u64     40 rank u32     44 nranks u16 + target u16 (target: the rank dialled)
  *
  * Frame header (48 bytes), before every payload. The receiver compares it with what it posted, so a
- * rank that issued another collective, count, dtype, op or root is detected, never misread.
+ * rank that issued another collective, count, dtype, op, root or call site is detected, never
+ * misread.
  *
  *   0 magic u32   4 type u8   5 coll u8   6 dtype u8   7 op u8   8 seq u64   16 count u64
  *   24 offset u64 (byte offset of the payload in its buffer)   32 length u32 (payload bytes)
- *   36 step u32   40 root u32   44 reserved u32
+ *   36 step u32   40 root u32   44 site u32 (DATA frames: the caller's call site,
+ *   mcclOpOptions_t.call_site, 0 when none was given, which matches any; every other type: 0)
  *
  * A frame of type ABORT carries a UTF-8 reason as payload: its sender failed and is closing; its
  * seq is the number of collectives its sender completed (tcp.h, mcclTransportSettle).
@@ -36,7 +38,7 @@
 #include <string.h>
 
 #define MCCL_WIRE_MAGIC 0x4c43434du /* "MCCL" read as a little-endian u32 */
-#define MCCL_PROTOCOL_VERSION 2 /* 2: CREDIT frames */
+#define MCCL_PROTOCOL_VERSION 3 /* 2: CREDIT frames; 3: the site word */
 #define MCCL_TOKEN_BYTES 16
 #define MCCL_HELLO_BYTES 48
 #define MCCL_FRAME_BYTES 48
@@ -94,6 +96,7 @@ typedef struct {
   uint8_t type, coll, dtype, op;
   uint64_t seq, count, offset;
   uint32_t length, step, root;
+  uint32_t site; /* DATA frames: the call site (mcclOpOptions_t.call_site); 0 otherwise */
 } mcclFrame;
 
 static inline void mcclPut16(uint8_t* p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
@@ -154,7 +157,7 @@ static inline void mcclFrameEncode(uint8_t out[MCCL_FRAME_BYTES], const mcclFram
   mcclPut32(out + 32, f->length);
   mcclPut32(out + 36, f->step);
   mcclPut32(out + 40, f->root);
-  mcclPut32(out + 44, 0);
+  mcclPut32(out + 44, f->site);
 }
 
 static inline int mcclFrameDecode(const uint8_t in[MCCL_FRAME_BYTES], mcclFrame* f) {
@@ -169,6 +172,7 @@ static inline int mcclFrameDecode(const uint8_t in[MCCL_FRAME_BYTES], mcclFrame*
   f->length = mcclGet32(in + 32);
   f->step = mcclGet32(in + 36);
   f->root = mcclGet32(in + 40);
+  f->site = mcclGet32(in + 44);
   return 0;
 }
 
@@ -188,7 +192,7 @@ typedef enum {
   MCCL_WIRE_BAD_RANK,      /* a rank that may not connect this way, or not the one dialled */
   MCCL_WIRE_DUPLICATE,     /* a second connection for a rank */
   MCCL_WIRE_BAD_TYPE,      /* a frame type this connection does not carry */
-  MCCL_WIRE_BAD_RESERVED,  /* a reserved field that is not zero */
+  MCCL_WIRE_BAD_RESERVED,  /* a field this frame type does not use that is not zero */
   MCCL_WIRE_BAD_DTYPE,
   MCCL_WIRE_BAD_EXTENT,    /* a payload outside its message */
   MCCL_WIRE_MISMATCH,      /* a collective frame other than the one posted */

@@ -10,6 +10,8 @@
  *  - no rank's output changed: outputs start as a sentinel (or, in place, as the input) and are
  *    compared byte for byte afterwards;
  *  - inputs are untouched as well.
+ * The same holds for the same collective issued with another call site (mcclOpOptions_t.call_site),
+ * whose messages name the call sites; a call site of 0 matches any.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,8 @@ typedef struct {
   int root_mode;      /* which root each rank names: 0: root 0 everywhere; the same kind and count
                          everywhere with 1: rank r names r % 2 (half and half), 2: the odd rank
                          names root 1, the others root 0 */
+  int site;           /* 1: the same collective everywhere, but the odd rank issues it with
+                         another call site (mcclOpOptions_t.call_site) */
 } mismatchCase;
 
 /* Elements of the input and output buffers of `kind` with per-rank count `c` on n ranks. */
@@ -73,7 +77,8 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   const int odd = r == mc->odd;
   const int kind = odd ? mc->odd_kind : mc->kind;
   const int root = mc->root_mode == 1 ? r % 2 : (mc->root_mode == 2 && odd ? 1 : 0);
-  const size_t c = odd && mc->odd_kind == mc->kind && kind != A2AV && mc->root_mode == 0 ? mc->count + 1 : mc->count;
+  const int by_count = mc->odd_kind == mc->kind && kind != A2AV && mc->root_mode == 0 && !mc->site;
+  const size_t c = odd && by_count ? mc->count + 1 : mc->count;
   const size_t nin = inElems(kind, c, n), nout = outElems(kind, c, n);
   int32_t* in = malloc(nin * sizeof(int32_t) + 1);
   int32_t* out = malloc(nout * sizeof(int32_t) + 1);
@@ -89,12 +94,16 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   memset(&o, 0, sizeof(o));
   o.algorithm = mc->algo;
   o.timeout_ms = 10000;
+  if (mc->site) o.call_site = odd ? 0xbbbb0002u : 0xaaaa0001u;
   mcclResult_t res = kind == A2AV ? issueA2av(in, out, c, r, n, mc, comm, &o) : issue(kind, in, out, c, root, comm, &o);
   const char* msg = mcclGetLastError(comm);
   EXPECT(res != mcclSuccess, "%s x %s, count %zu, %d ranks, odd rank %d: rank %d succeeded",
          kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, mc->odd, r);
   EXPECT(res == mcclSuccess || strstr(msg, "mismatch") != NULL, "%s x %s, count %zu, %d ranks: rank %d: '%s'",
          kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, n, r, msg);
+  /* Every rank's message names the call sites (its own check's, or the notice of the rank that saw them). */
+  EXPECT(!mc->site || res == mcclSuccess || strstr(msg, "call site") != NULL,
+         "%s with another call site, count %zu, %d ranks: rank %d: '%s'", kind_names[mc->kind], mc->count, n, r, msg);
   EXPECT(memcmp(out, out0, nout * sizeof(int32_t)) == 0,
          "%s x %s, count %zu, algorithm %d, %d ranks, odd rank %d: rank %d's output was written",
          kind_names[mc->kind], kind_names[mc->odd_kind], mc->count, (int)mc->algo, n, mc->odd, r);
@@ -104,6 +113,25 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   free(out);
   free(in0);
   free(out0);
+  return 0;
+}
+
+/* A call site of 0 matches any: rank 0 gives none, the others one, and the all-reduce is exact. */
+static int siteWildcard(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  int32_t buf[3000];
+  for (int i = 0; i < 3000; i++) buf[i] = r + i;
+  mcclOpOptions_t o;
+  memset(&o, 0, sizeof(o));
+  o.call_site = r == 0 ? 0 : 0x5eed0001u;
+  mcclResult_t res = mcclAllReduce(buf, buf, 3000, mcclInt32, mcclSum, comm, &o, NULL);
+  EXPECT(res == mcclSuccess, "rank %d: a call site against none: %s", r, mcclGetLastError(comm));
+  int wrong = 0;
+  for (int i = 0; i < 3000 && res == mcclSuccess; i++) wrong += buf[i] != n * (n - 1) / 2 + n * i;
+  EXPECT(wrong == 0, "rank %d: %d elements wrong", r, wrong);
+  mcclCommDestroy(comm);
   return 0;
 }
 
@@ -119,7 +147,7 @@ int main(void) {
     const int n = worlds[w];
     for (int k = 0; k < NKINDS; k++) {
       for (int s = 0; s < 3; s++) {
-        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto, 0, 0};
+        mismatchCase mc = {k, k, counts[s], n == 8 ? 0 : n / 2, mcclAlgoAuto, 0, 0, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
         if (k == A2AV) { /* the pair that disagrees finds out at the other end */
@@ -129,22 +157,22 @@ int main(void) {
         }
       }
       for (int a = 1; a < 3; a++) { /* each algorithm forced where there are two */
-        mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0, 0};
+        mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0, 0, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;
       }
     }
     /* The odd rank issues another kind with the same output size (all-gather of count/n), or the
      * same per-rank count. */
-    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto, 0, 0},      {AR, BCAST, 70000, 1, mcclAlgoAuto, 0, 0},
-                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto, 0, 0},   {AG, RS, 100, 0, mcclAlgoAuto, 0, 0},
-                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto, 0, 0},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto, 0, 0},
-                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto, 0, 0},
+    const mismatchCase kinds[] = {{AR, BCAST, 100, 1, mcclAlgoAuto, 0, 0, 0},      {AR, BCAST, 70000, 1, mcclAlgoAuto, 0, 0, 0},
+                                  {AR, AG, 70000, 2 % n, mcclAlgoAuto, 0, 0, 0},   {AG, RS, 100, 0, mcclAlgoAuto, 0, 0, 0},
+                                  {A2A, AG, 4000, n - 1, mcclAlgoAuto, 0, 0, 0},   {SCATTER, GATHER, 100, 1, mcclAlgoAuto, 0, 0, 0},
+                                  {BCAST, REDUCE, 12000, 1, mcclAlgoAuto, 0, 0, 0},
                                   /* root runs a reduce to itself, the others a broadcast from it:
                                    * with both trees waiting to receive first, only the agreements
                                    * alongside send anything */
-                                  {BCAST, REDUCE, 100, 0, mcclAlgoAuto, 0, 0},
-                                  {BCAST, REDUCE, 12000, 0, mcclAlgoAuto, 0, 0}};
+                                  {BCAST, REDUCE, 100, 0, mcclAlgoAuto, 0, 0, 0},
+                                  {BCAST, REDUCE, 12000, 0, mcclAlgoAuto, 0, 0, 0}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
       harnessRunRanks(n, 60, mismatchUntouched, (void*)&kinds[i]);
       cases++;
@@ -158,11 +186,20 @@ int main(void) {
       if (k == AG || k == RS) continue;
       for (int s = 0; s < 2; s++)
         for (int mode = 1; mode <= 2; mode++) {
-          mismatchCase mc = {k, k, counts[s], mode == 2 ? n - 1 : -1, mcclAlgoAuto, 0, mode};
+          mismatchCase mc = {k, k, counts[s], mode == 2 ? n - 1 : -1, mcclAlgoAuto, 0, mode, 0};
           harnessRunRanks(n, 60, mismatchUntouched, &mc);
           cases++;
         }
     }
+    /* The same collective issued from two call sites: each algorithm, small and large (not
+     * all-to-allv, whose odd rank's counts differ as well). */
+    for (int k = AR; k < A2AV; k++)
+      for (int s = 0; s < 3; s += 2) {
+        mismatchCase mc = {k, k, counts[s], n / 2, mcclAlgoAuto, 0, 0, 1};
+        harnessRunRanks(n, 60, mismatchUntouched, &mc);
+        cases++;
+      }
+    harnessRunRanks(n, 60, siteWildcard, NULL);
   }
   printf("mismatched collectives: %d cases, %s\n", cases, harness_failures == before ? "ok" : "FAILED");
   return harnessExit("test_mismatch");

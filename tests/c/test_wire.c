@@ -73,7 +73,7 @@ static void testHello(void) {
 
   mcclHello b = h;
   b.version = MCCL_PROTOCOL_VERSION + 1;
-  expectHelloStatus(&e, &b, MCCL_WIRE_BAD_VERSION, "version 3", "version");
+  expectHelloStatus(&e, &b, MCCL_WIRE_BAD_VERSION, "version 4", "version");
   b = h;
   b.kind = MCCL_HELLO_KIND_ACK;
   expectHelloStatus(&e, &b, MCCL_WIRE_BAD_KIND, "kind", "kind");
@@ -152,8 +152,14 @@ static void testFrames(void) {
   hdr[1] ^= 1;
   expectFrameStatus(hdr, 0, MCCL_WIRE_BAD_MAGIC, "magic", "magic");
   mcclFrameEncode(hdr, &f);
-  hdr[44] = 1;
-  expectFrameStatus(hdr, 0, MCCL_WIRE_BAD_RESERVED, "reserved", "reserved word");
+  hdr[44] = 1; /* a call site: carried by collective frames only */
+  mcclFrame site;
+  expectFrameStatus(hdr, 0, MCCL_WIRE_OK, NULL, "data frame with a call site");
+  EXPECT(mcclFrameHeaderCheck(hdr, 0, &site, NULL, 0) == MCCL_WIRE_OK && site.site == 1, "call site %u", site.site);
+  f.type = MCCL_FRAME_ABORT;
+  mcclFrameEncode(hdr, &f);
+  hdr[45] = 2;
+  expectFrameStatus(hdr, 0, MCCL_WIRE_BAD_RESERVED, "site word is 0x00000200", "abort frame with a call site");
   f.type = 9;
   mcclFrameEncode(hdr, &f);
   expectFrameStatus(hdr, 1, MCCL_WIRE_BAD_TYPE, "type 9", "unknown type");
@@ -203,6 +209,20 @@ static void testFrames(void) {
   EXPECT(mcclFrameMatch(&got, &want, why, sizeof(why)) == MCCL_WIRE_MISMATCH, "different root");
   EXPECT(strstr(why, "seq, root differ") != NULL && strstr(why, "root 1") != NULL && strstr(why, "root 2") != NULL,
          "mismatch reason: %s", why);
+  /* Call sites: compared when both frames carry one, and named when they alone differ. */
+  got = want;
+  got.site = 0x1234abcdu;
+  EXPECT(mcclFrameMatch(&got, &want, why, sizeof(why)) == MCCL_WIRE_OK, "a call site against none: %s", why);
+  want.site = 0x1234abcdu;
+  EXPECT(mcclFrameMatch(&got, &want, why, sizeof(why)) == MCCL_WIRE_OK, "the same call site: %s", why);
+  want.site = 0x00c0ffeeu;
+  EXPECT(mcclFrameMatch(&got, &want, why, sizeof(why)) == MCCL_WIRE_MISMATCH, "two call sites");
+  EXPECT(strstr(why, "call site 1234abcd") != NULL && strstr(why, "call site 00c0ffee") != NULL &&
+             strstr(why, "(site differ: one rank skipped a collective") != NULL,
+         "call-site mismatch reason: %s", why);
+  got.count = 78;
+  EXPECT(mcclFrameMatch(&got, &want, why, sizeof(why)) == MCCL_WIRE_MISMATCH && strstr(why, "(count, site differ)"),
+         "count and call site: %s", why);
 }
 
 /* ---- the receive path ----------------------------------------------------------------------- */

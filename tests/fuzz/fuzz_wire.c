@@ -7,7 +7,8 @@
  *    satisfies every expectation (target, token, world size, which ranks may dial);
  *  - an accepted P2P header has its payload inside its message (checked in 128-bit arithmetic);
  *  - a rejection always says why, NUL-terminated inside the caller's buffer, whatever its size;
- *  - mcclFrameMatch accepts exactly the frames whose compared fields are all equal.
+ *  - mcclFrameMatch accepts exactly the frames whose compared fields are all equal (a call site
+ *    of 0 matches any).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,7 @@ static mcclWireStatus fuzzHeader(const uint8_t* in, int p2p_ok, mcclFrame* f, ch
   REQUIRE(memcmp(again, in, MCCL_FRAME_BYTES) == 0);
   REQUIRE(f->type == MCCL_FRAME_DATA || f->type == MCCL_FRAME_ABORT || f->type == MCCL_FRAME_CREDIT ||
           (p2p_ok && f->type == MCCL_FRAME_P2P));
+  REQUIRE(f->type == MCCL_FRAME_DATA || f->site == 0); /* only collective frames carry a call site */
   if (f->type == MCCL_FRAME_CREDIT)
     REQUIRE(f->length == 0 && f->coll == 0 && f->dtype == 0 && f->op == 0 && f->count == 0 && f->offset == 0 &&
             f->step == 0 && f->root == 0);
@@ -95,7 +97,7 @@ static mcclWireStatus fuzzHeader(const uint8_t* in, int p2p_ok, mcclFrame* f, ch
 static int sameFields(const mcclFrame* a, const mcclFrame* b) {
   return a->coll == b->coll && a->dtype == b->dtype && a->op == b->op && a->seq == b->seq &&
          a->count == b->count && a->offset == b->offset && a->length == b->length &&
-         a->step == b->step && a->root == b->root;
+         a->step == b->step && a->root == b->root && (a->site == b->site || a->site == 0 || b->site == 0);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -177,6 +177,59 @@ def test_mismatch_is_named_on_every_rank_of_8():
     assert not lost, f"errors without the cause: {lost}"
 
 
+def _skips_a_collective(rank: int, world_size: int) -> dict:
+    """docs/FAILURES.md's case: rank 1 skips the first of two all-reduces of the same signature."""
+    x = torch.full((1000,), 1.0)
+    y = torch.full((1000,), 1000.0)
+    try:
+        if rank != 1:
+            dist.all_reduce(x)  # the call site rank 1 skips
+        dist.all_reduce(y)
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    return {"error": error, "y": y[0].item(), "x": x[0].item()}
+
+
+def _same_lines(rank: int, world_size: int) -> list:
+    """Collectives from the same lines on every rank, from a loop, a helper and a Future callback."""
+    t = torch.arange(6, dtype=torch.float64) + rank
+    for _ in range(3):
+        dist.all_reduce(t)
+    gathered = [torch.zeros(6, dtype=torch.float64) for _ in range(world_size)]
+    dist.all_gather(gathered, t)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    fut.then(lambda f: dist.broadcast(f.value()[0], src=0)).wait()
+    return t.tolist()
+
+
+def test_a_skipped_collective_of_the_same_signature_fails_every_rank_with_call_sites_checked():
+    """With MCCL_CHECK_CALL_SITES=1, rank 1's all_reduce(y) meets the others' all_reduce(x), whose
+    sizes, dtype and op agree: every rank fails, each names the line it issued from, the ranks that
+    compared the two name both call sites, and no rank returns a combination of x and y."""
+    results = check_ok(run_ranks(_skips_a_collective, 4, pg_timeout_s=20, deadline_s=90, start_method="forkserver",
+                                 env={"MCCL_CHECK_CALL_SITES": "1"}))
+    for rank, v in enumerate(results):
+        assert "mismatch" in v["error"] and "call site" in v["error"], f"rank {rank}: {v['error']!r}"
+        assert "(issued at test_errors.py:" in v["error"], f"rank {rank} does not say where: {v['error']!r}"
+        assert v["y"] == 1000.0, f"rank {rank}'s y was written: {v['y']}"
+        if rank != 1:
+            assert v["x"] == 1.0, f"rank {rank}'s x was written: {v['x']}"
+    assert any("site differ" in v["error"] for v in results), "no rank compared the two call sites"
+
+
+def test_collectives_from_the_same_lines_pass_with_call_sites_checked():
+    """The check must not refuse a correct program: loops, all_gather and a collective issued from a
+    Future's callback (mccl's order marks; it runs on another thread on some ranks) are exact."""
+    results = check_ok(run_ranks(_same_lines, 3, pg_timeout_s=20, deadline_s=90, start_method="forkserver",
+                                 env={"MCCL_CHECK_CALL_SITES": "1"}))
+    for rank, values in enumerate(results):
+        assert values == results[0], f"rank {rank}: {values} != rank 0's {results[0]}"
+    base = [3.0 + 3 * i for i in range(6)]  # sum over 3 ranks of i + rank
+    expected = [v * 3 ** 3 for v in base]  # three more all-reduces: x 3 each
+    assert results[0] == expected, f"{results[0]} != {expected}"
+
+
 def _group_with_timeout(rank: int, world_size: int, timeout) -> str:
     from datetime import timedelta
     try:
