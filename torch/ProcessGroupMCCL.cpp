@@ -845,6 +845,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   work->handoff_.consumer_release = &WorkMCCL::onRelease;
   work->staging_->commit(&work->handoff_);  // the producer side (device tensors: tickets, copies)
   work->self_ = work;
+  const bool p2p = c10d::isP2POp(work->retrieveOpType());
+  // Before `issuing` is held: the walk takes the GIL, which no thread may wait for holding a lock.
+  const uint32_t call_site = !p2p && checkCallSites() ? pythonCallSite(&work->site_) : 0;
   // The engine may finish the request before issued() below has run: complete() waits for it.
   std::unique_lock<std::mutex> issuing(work->issuing_);
   mcclOpOptions_t opts;
@@ -852,10 +855,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   opts.timeout_ms = timeoutMs(timeout, timeout_);
   opts.handoff = &work->handoff_;
   opts.premul_factor = premul_factor;
-  const bool p2p = c10d::isP2POp(work->retrieveOpType());
+  opts.call_site = call_site;
   // Issued from a callback with an order mark: run where the callback was attached.
   if (!p2p && tl_mark != nullptr) opts.follows = tl_mark->markerFor(comm_);
-  if (!p2p && checkCallSites()) opts.call_site = pythonCallSite(&work->site_);
   work->comm_ = comm_;
   mcclResult_t res = issue(&opts, &work->request_);
   if (res != mcclSuccess) {

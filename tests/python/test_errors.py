@@ -191,8 +191,8 @@ def _skips_a_collective(rank: int, world_size: int) -> dict:
     return {"error": error, "y": y[0].item(), "x": x[0].item()}
 
 
-def _same_lines(rank: int, world_size: int) -> list:
-    """Collectives from the same lines on every rank, from a loop, a helper and a Future callback."""
+def _same_lines(rank: int, world_size: int) -> dict:
+    """Collectives from the same lines on every rank: a loop, all_gather, a Future callback, DDP."""
     t = torch.arange(6, dtype=torch.float64) + rank
     for _ in range(3):
         dist.all_reduce(t)
@@ -200,7 +200,16 @@ def _same_lines(rank: int, world_size: int) -> list:
     dist.all_gather(gathered, t)
     fut = dist.all_reduce(t, async_op=True).get_future()
     fut.then(lambda f: dist.broadcast(f.value()[0], src=0)).wait()
-    return t.tolist()
+    # DDP: the broadcast at construction, then buckets issued during backward().
+    torch.manual_seed(rank)  # different initial weights: DDP's broadcast must make them equal
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4, dtype=torch.float64),
+                                                      bucket_cap_mb=0.0001)
+    for step in range(2):
+        model.zero_grad(set_to_none=True)
+        x = torch.full((3, 8), float(rank + step), dtype=torch.float64)
+        model(x).sum().backward()
+    grads = [p.grad.tolist() for p in model.parameters()]
+    return {"t": t.tolist(), "grads": grads}
 
 
 def test_a_skipped_collective_of_the_same_signature_fails_every_rank_with_call_sites_checked():
@@ -219,15 +228,20 @@ def test_a_skipped_collective_of_the_same_signature_fails_every_rank_with_call_s
 
 
 def test_collectives_from_the_same_lines_pass_with_call_sites_checked():
-    """The check must not refuse a correct program: loops, all_gather and a collective issued from a
-    Future's callback (mccl's order marks; it runs on another thread on some ranks) are exact."""
+    """The check must not refuse a correct program: loops, all_gather, a collective issued from a
+    Future's callback (mccl's order marks; it runs on another thread on some ranks) and DDP's
+    buckets are exact."""
     results = check_ok(run_ranks(_same_lines, 3, pg_timeout_s=20, deadline_s=90, start_method="forkserver",
                                  env={"MCCL_CHECK_CALL_SITES": "1"}))
     for rank, values in enumerate(results):
         assert values == results[0], f"rank {rank}: {values} != rank 0's {results[0]}"
     base = [3.0 + 3 * i for i in range(6)]  # sum over 3 ranks of i + rank
     expected = [v * 3 ** 3 for v in base]  # three more all-reduces: x 3 each
-    assert results[0] == expected, f"{results[0]} != {expected}"
+    assert results[0]["t"] == expected, f"{results[0]['t']} != {expected}"
+    # The last step's gradients, averaged over ranks: x = rank + 1 everywhere in row and column.
+    bias, weight = results[0]["grads"][1], results[0]["grads"][0]
+    assert bias == [3.0] * 4, bias  # 3 rows of ones per rank, averaged
+    assert weight == [[3.0 * 2] * 8] * 4, weight  # 3 rows of (rank + 1), summed over rows, mean 2
 
 
 def _group_with_timeout(rank: int, world_size: int, timeout) -> str:
