@@ -1145,6 +1145,22 @@ void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes, int overlap) {
   t->load_t0 = mcclNowNs();
 }
 
+int mcclLoadRuleWant(int helped, int64_t pct, int load_pct, int* low) {
+  if (!helped) {
+    *low = 0;
+    return pct >= load_pct;
+  }
+  /* Hysteresis in level: the handoff itself costs CPU (a wake-up each way per frame), so the
+   * threads' load while helped is compared against 70% of the bound. And in time: a window that
+   * straddles the start of other collectives (their first iterations, the ranks' skew: wall time
+   * with little CPU) reads low, so the writing goes back only after two such windows in a row.
+   * On 8 emulated hosts at 10 Gbit/s one low window was enough to hand back 6-11 times per
+   * invocation, at 29-59% where the steady state with the thread writing is 64-87%
+   * (bench/NOTES.md, 2026-12-07, tenth session). */
+  *low = pct * 10 < (int64_t)load_pct * 7 ? *low + 1 : 0;
+  return *low < 2;
+}
+
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res) {
   mcclSender* s = t->sender;
   if (t->load_lent) { /* back to the owner (after an error too: the thread stays halted then) */
@@ -1163,9 +1179,7 @@ void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res) {
   if (t->load_pct > 0) {
     if (t->load_wall < kLoadWindowNs) return;
     pct = t->load_cpu * 100 / t->load_wall;
-    /* Hysteresis: the handoff itself costs CPU (a wake-up each way per frame), so the threads'
-     * load while helped is compared against 70% of the bound. */
-    want = helped ? pct * 10 >= (int64_t)t->load_pct * 7 : pct >= t->load_pct;
+    want = mcclLoadRuleWant(helped, pct, t->load_pct, &t->load_low);
   }
   if (want != helped) {
     ownerWrites(t, want ? 0 : 1);

@@ -194,6 +194,7 @@ typedef struct mcclTransport {
   int64_t load_t0, load_cpu0;     /* the measured collective's start: wall, the threads' CPU (ns) */
   int64_t load_wall, load_cpu;    /* the window so far: measured collectives' wall and CPU time */
   uint64_t load_flips;            /* times the load rule moved the writing between the threads */
+  int load_low;                   /* windows in a row, the thread writing, under the hand-back line */
   int load_lent;                  /* the owner writes by the rule, but this collective's schedule
                                      has the thread write (mcclTransportCollectiveBegin: overlap) */
   uint64_t load_lends;            /* collectives lent to the thread so */
@@ -320,7 +321,8 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
  * until the collectives of at least 1 MiB over a window of at least 50 ms of their wall time
  * used MCCL_SEND_THREAD_LOAD % of a core or more on the owner thread (CPU time, the kernel's
  * work charged to it included: mcclThreadCpuNs); then the thread writes, until the two threads
- * together use less than 70% of the bound over a window. The rule is per rank: ranks may differ.
+ * together use less than 70% of the bound over two windows in a row (mcclLoadRuleWant). The rule
+ * is per rank: ranks may differ.
  * 0: the thread writes every frame (the rule off; also where the platform has no thread CPU
  * clock); -1: the writing changes hands after every measured collective (tests: every hand-over
  * exercised). `bytes`: the collective's whole buffer (for an `overlap` one, its largest block).
@@ -334,6 +336,13 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
  * error the writing changes hands no more (a lent collective's goes back, the thread halted). */
 void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes, int overlap);
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res);
+
+/* The load rule's decision after a window that used `pct` % of a core (load_pct > 0, the bound):
+ * 1 when the thread should write the next collectives, 0 when the owner. `helped`: the thread
+ * writes now. `*low` (0 at first): helped windows in a row under the hand-back line, updated.
+ * The owner hands over at the bound; the thread hands back after two windows in a row under
+ * 70% of it. Pure: tests/c/test_send_load.c runs it on sequences of loads. */
+int mcclLoadRuleWant(int helped, int64_t pct, int load_pct, int* low);
 
 /* Keep the sender thread (if any) off every posted transfer until the next
  * mcclTransportProgress: for an owner about to unwind after an error, whose posted transfers go

@@ -11,6 +11,8 @@
  *  - 1000 (ten cores): never reached: the owner writes every frame but the all-to-alls', which
  *    the thread writes (each lent and taken back: the writing never moves for good);
  *  - 0: the rule is off: the thread writes from the start and nothing changes hands.
+ * Before them, the decision itself (mcclLoadRuleWant) on sequences of loads: the hand-over at the
+ * bound, the hand-back only after two windows in a row under 70% of it.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -134,7 +136,28 @@ static int loadRank(int rank, int nranks, mcclStore_t* store, void* arg) {
   return bad != 0;
 }
 
+/* The decision alone (mcclLoadRuleWant), on sequences of windows' loads, bound 85%: the owner
+ * hands over at 85, the thread hands back after two windows in a row under 59.5 (70% of 85). */
+static void decisions(void) {
+  static const struct {
+    int pct[8];
+    int want[8]; /* after each window: 1, the thread writes */
+  } seqs[] = {
+      {{30, 84, 85, 40, 70, 40, 50, 90}, {0, 0, 1, 1, 1, 1, 0, 1}}, /* one low window is a transient */
+      {{99, 59, 60, 59, 59, 100, 10, 10}, {1, 1, 1, 1, 0, 1, 1, 0}}, /* 59.5: 59 is under, 60 is not */
+  };
+  for (size_t k = 0; k < sizeof(seqs) / sizeof(seqs[0]); k++) {
+    int helped = 0, low = 0;
+    for (int i = 0; i < 8; i++) {
+      helped = mcclLoadRuleWant(helped, seqs[k].pct[i], 85, &low);
+      EXPECT(helped == seqs[k].want[i], "sequence %zu, window %d (%d%%): want %d, got %d", k, i, seqs[k].pct[i],
+             seqs[k].want[i], helped);
+    }
+  }
+}
+
 int main(void) {
+  decisions();
   static const Setting settings[] = {{"-1", 1}, {"1", -1}, {"1000", -1}, {"0", -1}};
   for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
     EXPECT(harnessRunRanks(NRANKS, 90, loadRank, (void*)&settings[i]) == 0,
