@@ -167,7 +167,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
     /* Where it hangs, for the log (once seen under ASan in CI, cause unknown: bench/NOTES.md). */
     if (access("/usr/bin/gdb", X_OK) == 0) {
       char cmd[160];
-      snprintf(cmd, sizeof(cmd), "/usr/bin/gdb -batch -p %ld -ex 'thread apply all bt' 2>&1 | tail -n 80",
+      snprintf(cmd, sizeof(cmd), "timeout 60 /usr/bin/gdb -batch -p %ld -ex 'thread apply all bt' 2>&1 | tail -n 80",
                (long)child);
       int ignored = system(cmd);
       (void)ignored;
