@@ -823,6 +823,10 @@ c10::intrusive_ptr<WorkMCCL> ProcessGroupMCCL::makeWork(c10d::OpType type, const
   call.follow_up = !call.p2p && tl_mark != nullptr && tl_mark->markerFor(comm_) != nullptr;  // see launch()
   auto work = c10::make_intrusive<WorkMCCL>(type, name, std::move(outputs), stagingFor(contexts_, device, call, name));
   work->group_ = groupLabel();
+  // Here, before the caller holds the group (comm()) or the Work's issuing lock: the walk takes
+  // the GIL, which no thread may wait for while holding a lock that a GIL holder may wait on
+  // (the interpreter's exit aborts the groups holding the GIL).
+  if (!call.p2p && checkCallSites()) work->call_site_ = pythonCallSite(&work->site_);
   return work;
 }
 
@@ -846,8 +850,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   work->staging_->commit(&work->handoff_);  // the producer side (device tensors: tickets, copies)
   work->self_ = work;
   const bool p2p = c10d::isP2POp(work->retrieveOpType());
-  // Before `issuing` is held: the walk takes the GIL, which no thread may wait for holding a lock.
-  const uint32_t call_site = !p2p && checkCallSites() ? pythonCallSite(&work->site_) : 0;
   // The engine may finish the request before issued() below has run: complete() waits for it.
   std::unique_lock<std::mutex> issuing(work->issuing_);
   mcclOpOptions_t opts;
@@ -855,7 +857,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10::intrusive_ptr<WorkM
   opts.timeout_ms = timeoutMs(timeout, timeout_);
   opts.handoff = &work->handoff_;
   opts.premul_factor = premul_factor;
-  opts.call_site = call_site;
+  opts.call_site = work->call_site_;  // makeWork's (0 unless MCCL_CHECK_CALL_SITES)
   // Issued from a callback with an order mark: run where the callback was attached.
   if (!p2p && tl_mark != nullptr) opts.follows = tl_mark->markerFor(comm_);
   work->comm_ = comm_;

@@ -77,6 +77,7 @@ class WorkMCCL : public c10d::Work {
   std::string name_;
   std::string group_;                     // " on group NAME ('DESC')", for its error messages
   std::string site_;                      // MCCL_CHECK_CALL_SITES: where it was issued, or ""
+  uint32_t call_site_ = 0;                // and its tag (mcclOpOptions_t.call_site)
 };
 
 // The order mark of a Python callback (see "where a callback's collectives run" in the .cpp):

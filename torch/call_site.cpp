@@ -3,8 +3,8 @@
 // Collectives are matched by their order in the communicator. A rank that skips one pairs its next
 // collective with the others' skipped one, and if the two have the same size, dtype and op they
 // combine without an error (docs/FAILURES.md). With the check on, the shim tags each collective
-// with its call site, the innermost Python frame outside torch's own package (so the user's
-// `dist.all_reduce(x)` line, or the `loss.backward()` that let DDP issue its buckets), and the
+// with its call site, the innermost Python frame outside torch's and mccl's own packages (so the
+// user's `dist.all_reduce(x)` line, or the `loss.backward()` that let DDP issue its buckets), and the
 // tag travels in every frame (mcclOpOptions_t.call_site): the same collective issued from two
 // places fails every rank with mcclMismatch.
 //
@@ -27,14 +27,12 @@ uint32_t fnv1a(const std::string& s) {
   return h == 0 ? 1 : h;
 }
 
-// torch's package folder with a trailing '/' ("" if unknown). Called with the GIL held.
-const std::string& torchDir() {
-  static std::string dir;
-  static bool known = false;
-  if (known) return dir;
-  known = true;
-  PyObject* torch = PyImport_AddModule("torch");  // borrowed; torch is imported: mccl needs it
-  PyObject* file = torch != nullptr ? PyObject_GetAttrString(torch, "__file__") : nullptr;
+// The folder of imported package `name` with a trailing '/' ("" if unknown). Called with the GIL
+// held.
+std::string packageDir(const char* name) {
+  std::string dir;
+  PyObject* module = PyImport_AddModule(name);  // borrowed (created empty if not imported)
+  PyObject* file = module != nullptr ? PyObject_GetAttrString(module, "__file__") : nullptr;
   const char* path = file != nullptr && PyUnicode_Check(file) ? PyUnicode_AsUTF8(file) : nullptr;
   if (path != nullptr) {
     dir = path;
@@ -46,20 +44,32 @@ const std::string& torchDir() {
   return dir;
 }
 
+// Frames in these folders are not call sites: torch's (the distributed_c10d wrappers, DDP,
+// FSDP) and mccl's own (python/mccl/_order.py runs a Future's callback from one of two lines,
+// depending on whether the Future had completed: a callback defined in torch, such as DDP's
+// PowerSGD hook, would otherwise be tagged differently on different ranks).
+bool skipped(const char* file) {
+  static const std::string dirs[2] = {packageDir("torch"), packageDir("mccl")};  // under the GIL
+  for (const std::string& dir : dirs)
+    if (!dir.empty() && std::strncmp(file, dir.c_str(), dir.size()) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 uint32_t pythonCallSite(std::string* where) {
   where->clear();
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
   PyGILState_STATE gil = PyGILState_Ensure();
-  const std::string& skip = torchDir();
+  PyObject *type, *value, *traceback;  // an exception already set stays set
+  PyErr_Fetch(&type, &value, &traceback);
   uint32_t tag = 0;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed: this thread's innermost frame
   Py_XINCREF(frame);
   while (frame != nullptr && tag == 0) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     const char* file = PyUnicode_AsUTF8(code->co_filename);
-    if (file != nullptr && (skip.empty() || std::strncmp(file, skip.c_str(), skip.size()) != 0)) {
+    if (file != nullptr && !skipped(file)) {
       const char* base = std::strrchr(file, '/');
       base = base != nullptr ? base + 1 : file;
       const char* name = PyUnicode_AsUTF8(code->co_name);
@@ -74,6 +84,7 @@ uint32_t pythonCallSite(std::string* where) {
     frame = back;
   }
   PyErr_Clear();
+  PyErr_Restore(type, value, traceback);
   PyGILState_Release(gil);
   return tag;
 }

@@ -1056,7 +1056,9 @@ MCCL_API mcclResult_t mcclCommAbort(mcclComm_t comm) {
   mcclCommSetError(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
   mcclTransportWake(&comm->tp);
   stopEngine(comm); /* queued requests fail at once: the communicator has an error now */
-  mcclTransportFail(&comm->tp, "aborted by its owner");
+  char reason[64]; /* relayed as is (tcp_fail.c): it must name this rank */
+  snprintf(reason, sizeof(reason), "rank %d: aborted by its owner (mcclCommAbort)", comm->rank);
+  mcclTransportFail(&comm->tp, reason);
   mcclP2pFailAll(comm, mcclAborted, "the communicator was aborted (mcclCommAbort)");
   commFree(comm);
   return mcclSuccess;

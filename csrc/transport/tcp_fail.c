@@ -27,13 +27,16 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
   /* A reason that wraps a peer's reason ("rank 1: ... failed: rank 2 (addr) failed: <rank 2's
    * reason>") is passed on as that peer's reason alone: every reason on the wire is then the
    * root cause, the message of the rank that failed first, however many ranks relayed it (their
-   * wrappers, one per hop, used to push the cause out of the frame on large rings). */
+   * wrappers, one per hop, used to push the cause out of the frame on large rings). Only a reason
+   * that names its rank ("rank 2: ..."; every failing rank's does, mcclCommAbort's too): the
+   * receivers' messages name the relaying rank, not the rank that failed first. */
   const char* reason = full_reason;
   size_t len = strlen(full_reason);
   for (int r = 0; r < t->nranks; r++) {
     const char* peer = t->conns[r].abort_reason;
     size_t plen = strlen(peer);
-    if (r != t->rank && plen > 0 && plen < len && strcmp(full_reason + len - plen, peer) == 0) {
+    if (r != t->rank && plen > 0 && plen < len && strncmp(peer, "rank ", 5) == 0 &&
+        strcmp(full_reason + len - plen, peer) == 0) {
       reason = peer;
       len = plen;
       break;

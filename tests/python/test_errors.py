@@ -192,7 +192,8 @@ def _skips_a_collective(rank: int, world_size: int) -> dict:
 
 
 def _same_lines(rank: int, world_size: int) -> dict:
-    """Collectives from the same lines on every rank: a loop, all_gather, a Future callback, DDP."""
+    """Collectives from the same lines on every rank: a loop, all_gather, a Future callback, DDP,
+    DDP with PowerSGD."""
     t = torch.arange(6, dtype=torch.float64) + rank
     for _ in range(3):
         dist.all_reduce(t)
@@ -209,7 +210,18 @@ def _same_lines(rank: int, world_size: int) -> dict:
         x = torch.full((3, 8), float(rank + step), dtype=torch.float64)
         model(x).sum().backward()
     grads = [p.grad.tolist() for p in model.parameters()]
-    return {"t": t.tolist(), "grads": grads}
+    # A communication hook defined in torch whose Future callbacks issue collectives (PowerSGD):
+    # the callbacks run at then() on some ranks and on mccl's completion thread on others.
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    torch.manual_seed(0)
+    hooked = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 8, dtype=torch.float64))
+    hooked.register_comm_hook(psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                 start_powerSGD_iter=2, use_error_feedback=False,
+                                                 warm_start=False), psgd.powerSGD_hook)
+    for step in range(5):
+        hooked.zero_grad(set_to_none=True)
+        hooked(torch.full((4, 16), float(rank + step), dtype=torch.float64)).sum().backward()
+    return {"t": t.tolist(), "grads": grads, "powersgd": [p.grad.tolist() for p in hooked.parameters()]}
 
 
 def test_a_skipped_collective_of_the_same_signature_fails_every_rank_with_call_sites_checked():
@@ -229,8 +241,9 @@ def test_a_skipped_collective_of_the_same_signature_fails_every_rank_with_call_s
 
 def test_collectives_from_the_same_lines_pass_with_call_sites_checked():
     """The check must not refuse a correct program: loops, all_gather, a collective issued from a
-    Future's callback (mccl's order marks; it runs on another thread on some ranks) and DDP's
-    buckets are exact."""
+    Future's callback (mccl's order marks; it runs on another thread on some ranks), DDP's
+    buckets and PowerSGD's (collectives from torch's own callbacks) are exact and equal on every
+    rank."""
     results = check_ok(run_ranks(_same_lines, 3, pg_timeout_s=20, deadline_s=90, start_method="forkserver",
                                  env={"MCCL_CHECK_CALL_SITES": "1"}))
     for rank, values in enumerate(results):
