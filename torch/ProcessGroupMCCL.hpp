@@ -211,7 +211,7 @@ class ProcessGroupMCCL : public c10d::Backend {
 void completionsAtExit(double seconds);
 
 // MCCL_CHECK_CALL_SITES=1 (call_site.cpp): a tag of the Python line that issued the collective
-// being issued on this thread (0 if none: no Python frame outside torch), and that line as text
+// being issued on this thread (0 if none: no Python frame outside torch and mccl), and that line as text
 // ("train.py:12 (in main)") in `where`. Takes the GIL for the walk.
 uint32_t pythonCallSite(std::string* where);
 
