@@ -171,6 +171,8 @@ class Job:
                 states = ", ".join(f"rank {r} " + ("running" if self.procs[r].exitcode is None
                                                    else f"exited with code {self.procs[r].exitcode}")
                                    for r in missing)
+                # Where the ranks that are still running are stuck, before the job is killed.
+                _dump_stacks(self.procs, [r for r in missing if self.procs[r].exitcode is None])
                 raise AssertionError(f"ranks {missing} never sent '{kind}' ({states}; events so far: "
                                      f"{[(e.rank, e.kind) for e in self.seen]})")
             ev = self.next_event(min(left, 0.2))
