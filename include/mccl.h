@@ -326,7 +326,11 @@ typedef struct mcclHandoff {
 typedef enum {
   mcclAlgoAuto = 0, /* by size: MCCL_RING_THRESHOLD bytes and up take the ring */
   mcclAlgoRing = 1, /* pipelined ring (all-reduce, all-gather) or chain (broadcast) */
-  mcclAlgoTree = 2  /* recursive doubling (all-reduce) or a log-depth broadcast (Bruck) */
+  mcclAlgoTree = 2, /* recursive doubling (all-reduce) or a log-depth broadcast (Bruck) */
+  mcclAlgoHalvingDoubling = 3 /* all-reduce: recursive halving, then recursive doubling
+                                 (Rabenseifner): 2 log2 p rounds, 2 (p-1)/p of the buffer per
+                                 rank, p the largest power of two <= nranks; the other
+                                 collectives run as with mcclAlgoRing */
 } mcclAlgorithm_t;
 
 /* Per-call options; pass NULL for the defaults. Zero-initialise, then set what you need. */

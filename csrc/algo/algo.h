@@ -182,6 +182,9 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
  * inside each group. ring.c explains it. */
 mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
+/* Recursive halving, then recursive doubling (Rabenseifner): 2 log2 p rounds moving 2 (p-1)/p of
+ * the buffer, p the largest power of two <= n (doubling.c). */
+mcclResult_t mcclHalvingDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclDoublingAllReduceInScratch(mcclAlgoCtx* ctx, const mcclOp* op); /* recvbuf is ctx->work */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op);
 mcclResult_t mcclRingReduceScatter(mcclAlgoCtx* ctx, const mcclOp* op, char* work);

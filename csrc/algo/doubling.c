@@ -1,6 +1,7 @@
 /*
  * doubling.c: latency-bound algorithms for small messages: recursive-doubling all-reduce
- * (Thakur, Rabenseifner & Gropp, 2005), Bruck's all-gather, the small broadcasts, and the
+ * (Thakur, Rabenseifner & Gropp, 2005) and, for medium ones, recursive halving-doubling
+ * (Rabenseifner), Bruck's all-gather, the small broadcasts, and the
  * dissemination barrier. Each takes about log2 n rounds, against n-1 or 2(n-1) for the ring.
  */
 #include <stdio.h>
@@ -15,6 +16,36 @@
 /* Rank of virtual rank v after folding: the first `rem` virtual ranks are the odd ranks of the
  * folded pairs (0,1), (2,3), ...; the rest are the unpaired ranks 2*rem, 2*rem+1, ... */
 static int unfold(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
+
+/* The fold into the largest power of two p <= n (rem = n - p), shared by recursive doubling and
+ * halving-doubling: ranks below 2*rem pair up. The even rank hands its input to r+1 (step 0), then
+ * receives the finished result into the output (step last_step; it comes only from a partner that
+ * finished every round, so it may land in place) and sits out (*sat_out = 1). The odd rank reduces
+ * the input it received into `acc`, (lower rank's) op (higher's), which becomes *mine. *vr: this
+ * rank's virtual rank among the p that go on. */
+static mcclResult_t foldIn(mcclAlgoCtx* ctx, const mcclOp* op, int rem, char* acc, char* tmp, uint32_t last_step,
+                           const char** mine, int* vr, int* sat_out) {
+  const int r = ctx->rank;
+  const size_t bytes = op->count * mcclDataTypeSize(op->dtype);
+  *sat_out = 0;
+  if (r >= 2 * rem) {
+    *vr = r - rem;
+    return mcclSuccess;
+  }
+  if (r % 2 == 0) {
+    mcclPeerIo fold = {r + 1, 1, (char*)op->sendbuf, bytes, 0, 0};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, &fold, 1));
+    mcclPeerIo back = {r + 1, 0, op->recvbuf, bytes, 0, last_step};
+    *sat_out = 1;
+    return mcclAlgoExchange(ctx, op, &back, 1);
+  }
+  mcclPeerIo in = {r - 1, 0, tmp, bytes, 0, 0};
+  MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
+  mcclReduceKernel(acc, tmp, *mine, op->count, op->dtype, op->op, 1);
+  *mine = acc;
+  *vr = r / 2;
+  return mcclSuccess;
+}
 
 /* Recursive doubling. With p the largest power of two <= n and rem = n - p, ranks below 2*rem
  * first fold in pairs: the even rank sends its buffer to the odd one and sits out. The p remaining
@@ -47,24 +78,10 @@ static mcclResult_t doublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op, char* 
   while ((1 << rounds) < p) rounds++;
   const uint32_t last_step = (uint32_t)rounds + 1;
 
-  int vr;
+  int vr, sat_out;
   const char* mine = op->sendbuf; /* this rank's current partial result: its input until round 0 */
-  if (r < 2 * rem) {
-    if (r % 2 == 0) { /* fold: hand the input to r+1, get the result back at the end */
-      mcclPeerIo fold = {r + 1, 1, (char*)op->sendbuf, bytes, 0, 0};
-      MCCLCHECK(mcclAlgoExchange(ctx, op, &fold, 1));
-      /* The result comes only from a partner that finished every round: it may land in place. */
-      mcclPeerIo back = {r + 1, 0, out, bytes, 0, last_step};
-      return mcclAlgoExchange(ctx, op, &back, 1);
-    }
-    mcclPeerIo in = {r - 1, 0, tmp, bytes, 0, 0};
-    MCCLCHECK(mcclAlgoExchange(ctx, op, &in, 1));
-    mcclReduceKernel(acc, tmp, mine, op->count, op->dtype, op->op, 1);
-    mine = acc;
-    vr = r / 2;
-  } else {
-    vr = r - rem;
-  }
+  MCCLCHECK(foldIn(ctx, op, rem, acc, tmp, last_step, &mine, &vr, &sat_out));
+  if (sat_out) return mcclSuccess;
   for (int k = 0; k < rounds; k++) {
     const int pv = vr ^ (1 << k), peer = unfold(pv, rem);
     mcclPeerIo io[2] = {{peer, 1, (char*)mine, bytes, 0, (uint32_t)k + 1},
@@ -97,6 +114,98 @@ mcclResult_t mcclDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
  * reduce-scatter (rooted.c). */
 mcclResult_t mcclDoublingAllReduceInScratch(mcclAlgoCtx* ctx, const mcclOp* op) {
   return doublingAllReduce(ctx, op, op->recvbuf);
+}
+
+/* Element offset of block b when `count` elements are cut into p blocks whose sizes differ by at
+ * most one (the first count % p blocks have the extra element). */
+static size_t blockOff(size_t count, int p, int b) {
+  const size_t q = count / (size_t)p, extra = count % (size_t)p;
+  return (size_t)b * q + ((size_t)b < extra ? (size_t)b : extra);
+}
+
+/* Recursive halving, then recursive doubling (Rabenseifner 2004; Thakur, Rabenseifner & Gropp
+ * 2005, section 4.4): the buffer is cut into p blocks (p the largest power of two <= n; the
+ * first 2*rem ranks fold in pairs first, as above). Reduce-scatter by halving: in round k
+ * (k = 0 .. log2 p - 1, distance d = p / 2^(k+1)) a rank whose virtual rank has bit d clear
+ * keeps the lower half of its current range of blocks and sends the upper half to vr ^ d, which
+ * keeps the upper half; each reduces the half it received into the half it keeps, (lower rank's)
+ * op (higher rank's). After log2 p rounds virtual rank v holds block v reduced over every rank
+ * (AVG divides in the last round). All-gather by doubling: in round k (distance 2^k) partners
+ * swap the ranges they hold, which double. Bytes per rank: 2 (p-1)/p S (as the ring), in
+ * 2 log2 p rounds (the ring: 2 (n-1) steps), plus 2 S for folded ranks: the algorithm for sizes
+ * where the ring's steps are latency-bound and doubling's log2 p whole-buffer swaps cost more
+ * than its extra rounds (select.c).
+ *
+ * Every block's final value is computed on one rank only and then copied, so every rank's bytes
+ * are equal. Partial results live in scratch (`acc`); the output is first written after the
+ * halving rounds, whose hypercube pattern has by then carried every rank's checked header to this
+ * rank through a chain of ranks that each checked the previous one before sending on (algo.h,
+ * "Outputs are written only once..."): the doubling rounds write straight into the output.
+ * Frames: fold step 0, halving rounds 1 .. L, doubling rounds L+1 .. 2L, the folded result 2L+1. */
+mcclResult_t mcclHalvingDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
+  const int n = ctx->nranks, r = ctx->rank;
+  const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz, count = op->count;
+  char* out = op->recvbuf;
+  if (n == 1 || bytes == 0) {
+    if (op->sendbuf != out) memcpy(out, op->sendbuf, bytes);
+    return mcclSuccess;
+  }
+  char* acc = mcclAlgoWork(ctx, bytes);
+  char* tmp = acc == NULL ? NULL : mcclAlgoScratch(ctx, bytes);
+  if (tmp == NULL) return mcclAlgoOutOfMemory(ctx, 2 * bytes);
+  int p = 1, rounds = 0;
+  while (p * 2 <= n) {
+    p *= 2;
+    rounds++;
+  }
+  const int rem = n - p;
+  const uint32_t last_step = 2 * (uint32_t)rounds + 1;
+
+  int vr, sat_out;
+  const char* mine = op->sendbuf; /* this rank's partial results: its input until the first reduction */
+  MCCLCHECK(foldIn(ctx, op, rem, acc, tmp, last_step, &mine, &vr, &sat_out));
+  if (sat_out) return mcclSuccess;
+
+  /* Reduce-scatter by recursive halving: [lo, hi) is the range of blocks this rank still holds. */
+  int lo = 0, hi = p;
+  for (int k = 0, d = p / 2; d >= 1; k++, d /= 2) {
+    const int pv = vr ^ d, peer = unfold(pv, rem), mid = lo + (hi - lo) / 2;
+    const int keep_lo = (vr & d) ? mid : lo, keep_hi = (vr & d) ? hi : mid;
+    const int give_lo = (vr & d) ? lo : mid, give_hi = (vr & d) ? mid : hi;
+    const size_t keep = blockOff(count, p, keep_lo), keep_n = blockOff(count, p, keep_hi) - keep;
+    const size_t give = blockOff(count, p, give_lo), give_n = blockOff(count, p, give_hi) - give;
+    mcclPeerIo io[2] = {{peer, 1, (char*)mine + give * esz, give_n * esz, give * esz, (uint32_t)k + 1},
+                        {peer, 0, tmp, keep_n * esz, keep * esz, (uint32_t)k + 1}};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
+    const uint32_t div = d == 1 ? (uint32_t)n : 1;
+    char* dst = acc + keep * esz;
+    if (pv < vr) mcclReduceKernel(dst, tmp, mine + keep * esz, keep_n, op->dtype, op->op, div);
+    else mcclReduceKernel(dst, mine + keep * esz, tmp, keep_n, op->dtype, op->op, div);
+    mine = acc;
+    lo = keep_lo;
+    hi = keep_hi;
+  }
+
+  /* All-gather by recursive doubling, in the output: this rank holds block vr (lo == vr). */
+  const size_t own = blockOff(count, p, lo), own_n = blockOff(count, p, hi) - own;
+  if (own_n > 0) memcpy(out + own * esz, acc + own * esz, own_n * esz);
+  for (int k = 0, d = 1; d < p; k++, d *= 2) {
+    const int pv = vr ^ d, peer = unfold(pv, rem);
+    const int their_lo = (vr & d) ? lo - d : hi, their_hi = their_lo + d;
+    const size_t mine_at = blockOff(count, p, lo), mine_n = blockOff(count, p, hi) - mine_at;
+    const size_t at = blockOff(count, p, their_lo), at_n = blockOff(count, p, their_hi) - at;
+    const uint32_t step = (uint32_t)rounds + 1 + (uint32_t)k;
+    mcclPeerIo io[2] = {{peer, 1, out + mine_at * esz, mine_n * esz, mine_at * esz, step},
+                        {peer, 0, out + at * esz, at_n * esz, at * esz, step}};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, io, 2));
+    if (their_lo < lo) lo = their_lo;
+    else hi = their_hi;
+  }
+  if (r < 2 * rem) { /* odd rank of a folded pair: return the result */
+    mcclPeerIo back = {r - 1, 1, out, bytes, 0, last_step};
+    MCCLCHECK(mcclAlgoExchange(ctx, op, &back, 1));
+  }
+  return mcclSuccess;
 }
 
 /* Bruck's all-gather (Bruck et al., 1997) over n blocks that tile a `total`-byte buffer in rank

@@ -10,7 +10,8 @@
 #include "transport/wire.h"
 
 static const char* const kPlanName[MCCL_PLAN_KINDS] = {
-    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "two-level"};
+    "ring", "doubling", "bruck", "chain", "scatter-allgather", "tree", "pairwise", "two-level",
+    "halving-doubling"};
 
 const char* mcclPlanName(mcclPlanKind kind) {
   return (unsigned)kind < MCCL_PLAN_KINDS ? kPlanName[kind] : "unknown";
@@ -25,7 +26,8 @@ static void readForced(void) {
   if (strcasecmp(v, "ring") == 0) forced = mcclAlgoRing;
   else if (strcasecmp(v, "tree") == 0 || strcasecmp(v, "doubling") == 0) forced = mcclAlgoTree;
   else if (strcasecmp(v, "twolevel") == 0 || strcasecmp(v, "two-level") == 0) forced = MCCL_ALGO_TWO_LEVEL;
-  else WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling' or 'twolevel'; the algorithms are chosen by size", v);
+  else if (strcasecmp(v, "halving") == 0 || strcasecmp(v, "halving-doubling") == 0) forced = MCCL_ALGO_HALVING;
+  else WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling', 'twolevel' or 'halving'; the algorithms are chosen by size", v);
 }
 
 mcclAlgorithm_t mcclAlgoForced(void) {
@@ -40,13 +42,44 @@ static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, wi
 static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {
   const int n = ctx->nranks;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
+  if (algo == MCCL_ALGO_HALVING) {
+    if (op->coll == MCCL_COLL_ALLREDUCE) {
+      *why = "forced";
+      return plan(MCCL_PLAN_HALVING_DOUBLING, 0);
+    }
+    algo = mcclAlgoRing; /* for the collectives it does not apply to */
+  }
   const int forced_two = algo == MCCL_ALGO_TWO_LEVEL;
   if (forced_two) algo = mcclAlgoRing; /* for the collectives it does not apply to */
   const int forced_ring = algo == mcclAlgoRing, forced_tree = algo == mcclAlgoTree;
   const int auto_big = algo == mcclAlgoAuto && bytes >= ctx->ring_threshold;
   switch (op->coll) {
-    case MCCL_COLL_ALLREDUCE:
-      /* The ring needs a chunk per rank: fewer elements than ranks take doubling. */
+    case MCCL_COLL_ALLREDUCE: {
+      /* Halving-doubling (doubling.c) against the other two, in the alpha-beta model with
+       * x = S / (alpha beta), in units of alpha; p = 2^L the largest power of two <= n, and
+       * f = 2 when n is not one (the folded pairs' two extra whole-buffer hops):
+       *   doubling (L + f)(1 + x),  halving-doubling 2L + f + (2 (p-1)/p + f) x,
+       *   ring 2 (n-1) + 2 (n-1)/n x (Hockney per step: a step's latency is exposed).
+       * Halving-doubling beats doubling once x (L - 2 (p-1)/p) > L (77 KiB on 8 ranks at the
+       * default alpha x beta); against the ring it saves 2 (n-1) - 2L - f latencies and moves the
+       * same bytes when n is a power of two. The ring is kept wherever its chunks S/n exceed
+       * alpha x beta: there its steps are bandwidth-bound and its segments overlap sends,
+       * receives and reductions, which halving-doubling's whole-half swaps do not; measured on 8
+       * hosts at 5 Gbit/s, halving-doubling took 0.7-0.8 ms at 256 KiB against the ring's
+       * 1.0-1.4 ms, and tied with it from 512 KiB to 4 MiB (bench/NOTES.md, 2026-12-07). */
+      int p = 1, L = 0;
+      while (p * 2 <= n) {
+        p *= 2;
+        L++;
+      }
+      const double x = (double)bytes / (double)(ctx->alpha_beta ? ctx->alpha_beta : 1), f = p < n ? 2.0 : 0.0;
+      const double t_doubling = (L + f) * (1.0 + x), t_halving = 2.0 * L + f + (2.0 * (p - 1) / p + f) * x,
+                   t_ring = 2.0 * (n - 1) + 2.0 * (n - 1) / n * x;
+      /* Its first rounds' partners are p/2, p/4, ... ranks away: across switches when the
+       * topology has groups, where the two-level ring (or the topology-ordered ring) crosses each
+       * uplink once. So only on one topology group. */
+      const int halving_ok = algo == mcclAlgoAuto && L >= 2 && op->count >= (size_t)p && ctx->ngroups <= 1;
+      /* The ring needs a chunk per rank: fewer elements take doubling. */
       if (forced_ring || (auto_big && op->count >= (size_t)n)) {
         /* Two-level pays where the flat ring's steps are latency-bound: chunks S/n below
          * alpha x beta (the cost model's crossover n* = S / (alpha beta), docs/MODEL.md), when
@@ -56,12 +89,21 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
           *why = forced_two ? "forced" : "chunks below alpha x beta, equal topology groups";
           return plan(MCCL_PLAN_TWO_LEVEL, 0);
         }
+        if (!forced_two && halving_ok && bytes / (size_t)n <= ctx->alpha_beta && t_halving < t_ring) {
+          *why = "ring chunks S/n <= alpha x beta, halving-doubling's model cost below the ring's";
+          return plan(MCCL_PLAN_HALVING_DOUBLING, 0);
+        }
         *why = forced_two ? "forced two-level, but the topology has no equal groups of 2 or more ranks"
                : forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
         return plan(MCCL_PLAN_RING, 0);
       }
+      if (halving_ok && t_halving < t_doubling) {
+        *why = "halving-doubling's model cost below doubling's";
+        return plan(MCCL_PLAN_HALVING_DOUBLING, 0);
+      }
       *why = forced_tree ? "forced" : "small";
       return plan(MCCL_PLAN_DOUBLING, 0);
+    }
     case MCCL_COLL_BROADCAST: {
       /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
        * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain

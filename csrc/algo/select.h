@@ -17,7 +17,9 @@
  * paper's 306 us x 1.238 GB/s). Rings are bandwidth-optimal (each rank moves 2(n-1)/n S for an
  * all-reduce; Patarasuk & Yuan 2009) but take 2(n-1) steps; recursive doubling and Bruck take
  * ceil(log2 n) rounds of larger messages (Thakur, Rabenseifner & Gropp 2005), so small messages
- * take them and large ones the ring, from MCCL_RING_THRESHOLD bytes (default 256 KiB).
+ * take them and large ones the ring, from MCCL_RING_THRESHOLD bytes (default 256 KiB). Between
+ * them, all-reduce on 4 ranks or more takes recursive halving-doubling (Rabenseifner: the ring's
+ * bytes in 2 log2 p rounds) where the model prices it below both (select.c).
  */
 #ifndef MCCL_SELECT_H_
 #define MCCL_SELECT_H_
@@ -36,6 +38,8 @@ typedef enum {
   MCCL_PLAN_PAIRWISE,          /* all-to-all(v): pairwise exchange, `window` steps at a time */
   MCCL_PLAN_TWO_LEVEL,         /* all-reduce: reduce-scatter in each topology group, all-reduce
                                   across the groups, all-gather in each group (ring.c) */
+  MCCL_PLAN_HALVING_DOUBLING,  /* all-reduce: reduce-scatter by recursive halving, all-gather by
+                                  recursive doubling (Rabenseifner; doubling.c) */
   MCCL_PLAN_KINDS
 } mcclPlanKind;
 
@@ -69,12 +73,15 @@ size_t mcclChainSegmentBytes(const mcclAlgoCtx* ctx, size_t bytes);
 /* "ring", "doubling", ...: a plan's name, as MCCL_ALGO and the log spell it. */
 const char* mcclPlanName(mcclPlanKind kind);
 
-/* MCCL_ALGO=twolevel: an algorithm beyond the public mcclAlgorithm_t values. */
-#define MCCL_ALGO_TWO_LEVEL ((mcclAlgorithm_t)3)
+/* MCCL_ALGO=twolevel: an algorithm beyond the public mcclAlgorithm_t values (all-reduce only; the
+ * other collectives run as with MCCL_ALGO=ring). MCCL_ALGO=halving is mcclAlgoHalvingDoubling. */
+#define MCCL_ALGO_TWO_LEVEL ((mcclAlgorithm_t)4)
+#define MCCL_ALGO_HALVING mcclAlgoHalvingDoubling
 
 /* The collective's algorithm forced by MCCL_ALGO for the whole process (mcclAlgoAuto when unset):
- * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, "twolevel" MCCL_ALGO_TWO_LEVEL
- * (all-reduce; the other collectives take the ring), any case; another value is a warning and
+ * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, "twolevel" MCCL_ALGO_TWO_LEVEL,
+ * "halving" (or "halving-doubling") MCCL_ALGO_HALVING (those two: all-reduce; the other
+ * collectives take the ring), any case; another value is a warning and
  * changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
 mcclAlgorithm_t mcclAlgoForced(void);
 

@@ -304,6 +304,7 @@ mcclResult_t mcclAlgoAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   switch (mcclAlgoSelect(ctx, op).kind) {
     case MCCL_PLAN_RING: return mcclRingAllReduce(ctx, op);
     case MCCL_PLAN_TWO_LEVEL: return mcclTwoLevelAllReduce(ctx, op);
+    case MCCL_PLAN_HALVING_DOUBLING: return mcclHalvingDoublingAllReduce(ctx, op);
     default: return mcclDoublingAllReduce(ctx, op);
   }
 }

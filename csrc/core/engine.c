@@ -451,7 +451,7 @@ static mcclResult_t submit(struct mcclComm* comm, const mcclOp* op, size_t* v,
                            const mcclOpOptions_t* options, mcclRequest_t* request, int marker) {
   const char* fn = mcclCollName(op->coll);
   mcclResult_t bad = mcclSuccess;
-  if (options && (unsigned)options->algorithm > (unsigned)mcclAlgoTree)
+  if (options && (unsigned)options->algorithm > (unsigned)mcclAlgoHalvingDoubling)
     bad = mcclArgError(comm, mcclInvalidArgument, "%s: options.algorithm %d is not an mcclAlgorithm_t value", fn, (int)options->algorithm);
   else if (options && options->hold != 0 && options->hold != 1)
     bad = mcclArgError(comm, mcclInvalidArgument, "%s: options.hold must be 0 or 1, not %d", fn, options->hold);

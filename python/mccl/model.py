@@ -94,6 +94,7 @@ PAPER_ALPHA_S = 306e-6
 PAPER_BETA_BPS = 1.238e9
 #: MCCL's defaults (docs/ENVIRONMENT.md): ring from this size up, segments of this size.
 DEFAULT_RING_THRESHOLD = 256 * 1024
+DEFAULT_ALPHA_BETA = 32 * 1024  # MCCL_ALPHA_BETA's default (csrc/core/param.c)
 DEFAULT_SEGMENT_BYTES = 256 * 1024
 
 ALGOS = ("ring", "doubling")
@@ -336,12 +337,14 @@ def file_goodput(meta: dict) -> float | None:
     return None
 
 
-def classify(row: dict, meta: dict, threshold: int | None = None) -> str:
+def classify(row: dict, meta: dict, threshold: int | None = None, op: str = "all_reduce") -> str:
     """The algorithm MCCL ran for a row: the row's ``algo`` when the benchmark recorded one, the
     run's MCCL_ALGO when it forced one, else ring from the threshold (the run's
     MCCL_RING_THRESHOLD, else 256 KiB) up and with at least one element per rank, as
     ``csrc/algo/select.c`` decides. For all-gather the whole gathered array decides (n x row
-    size there is the full array already), for reduce-scatter the whole input."""
+    size there is the full array already), for reduce-scatter the whole input. All-reduce rows that
+    select.c runs as halving-doubling are "halving" (no fit takes them) in files whose meta has
+    ``algo_select`` >= 2 (mccl.bench writes it; older files predate halving-doubling)."""
     algo = row.get("algo")
     if algo in ALGOS:
         return algo
@@ -351,11 +354,39 @@ def classify(row: dict, meta: dict, threshold: int | None = None) -> str:
         return "ring"
     if forced in ("tree", "doubling"):
         return "doubling"
+    if forced in ("halving", "halving-doubling"):
+        return "halving" if op == "all_reduce" else "ring"
     raw = env.get("MCCL_RING_THRESHOLD")
     thr = threshold if threshold is not None else (
         DEFAULT_RING_THRESHOLD if raw is None else libmccl_size(raw, DEFAULT_RING_THRESHOLD, 0, 2**63 - 1))
     count = row.get("count", row["size"])
-    return "ring" if row["size"] >= thr and count >= row["nranks"] else "doubling"
+    kind = "ring" if row["size"] >= thr and count >= row["nranks"] else "doubling"
+    cluster = meta.get("cluster") if isinstance(meta.get("cluster"), dict) else {}
+    one_group = cluster.get("switches", 1) == 1  # the emulated cluster's switches are its groups
+    if op == "all_reduce" and meta.get("algo_select", 1) >= 2 and forced not in ("twolevel", "two-level") \
+            and one_group and _halving_chosen(row["size"], count, row["nranks"], kind, env):
+        return "halving"
+    return kind
+
+
+def _halving_chosen(size: int, count: int, n: int, kind: str, env: dict) -> bool:
+    """Whether ``csrc/algo/select.c`` runs an automatic all-reduce as halving-doubling instead of
+    ``kind``: its model cost (units of alpha, x = S / (alpha beta), MCCL_ALPHA_BETA default
+    32 KiB) below doubling's, or, where the ring would run, the ring's chunks S/n at most
+    alpha x beta and its cost below the ring's; on 4 ranks or more, with a block per power-of-two
+    rank, and only on one topology group (the caller checks the emulated cluster's switches; groups
+    from MCCL_TOPOLOGY or subnets elsewhere are not known to the file)."""
+    raw = env.get("MCCL_ALPHA_BETA")
+    ab = DEFAULT_ALPHA_BETA if raw is None else libmccl_size(raw, DEFAULT_ALPHA_BETA, 1, 1 << 40)
+    L = n.bit_length() - 1
+    p = 1 << L
+    if L < 2 or count < p:
+        return False
+    x, f = size / ab, (2.0 if p < n else 0.0)
+    t_halving = 2 * L + f + (2 * (p - 1) / p + f) * x
+    if kind == "ring":
+        return size // n <= ab and t_halving < 2 * (n - 1) + 2 * (n - 1) / n * x
+    return t_halving < (L + f) * (1 + x)
 
 
 def points_from(paths: Iterable[str], *, backend: str = "mccl", op: str = "all_reduce",
@@ -390,7 +421,7 @@ def points_from(paths: Iterable[str], *, backend: str = "mccl", op: str = "all_r
             if n < 2 or size < min_size or (max_size is not None and size > max_size):
                 continue
             r = {**r, "nranks": n, "size": size}
-            a = algo or (classify(r, meta, threshold) if backend == "mccl" else "ring")
+            a = algo or (classify(r, meta, threshold, op) if backend == "mccl" else "ring")
             pts.append(Point(size, n, t * 1e-6, a, path))
     return pts, goodputs
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "algo/select.h"
 #include "reduce/reduce.h"
 #include "transport/wire.h"
 
@@ -363,10 +364,10 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   mcclComm_t comm = harnessCommInit(r, n, store);
   if (comm == NULL) return 1;
   uint64_t rng = 0x1234u + (uint64_t)r * 7919u;
-  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree};
+  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree, MCCL_ALGO_HALVING};
 
-  /* Every op x dtype, both algorithms, a count that is not a multiple of n. */
-  for (size_t a = 0; a < 2; a++)
+  /* Every op x dtype, every all-reduce algorithm, a count that is not a multiple of n. */
+  for (size_t a = 0; a < 3; a++)
     for (size_t t = 0; t < sizeof(kTypes) / sizeof(kTypes[0]); t++)
       for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); o++) {
         if (mcclReduceCheck(kTypes[t], kOps[o]) != mcclSuccess) continue;
@@ -379,11 +380,11 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   /* Edge and large counts, int32 SUM (exact, every byte position different). */
   const size_t big = quick ? (1u << 18) + 3 : (1u << 20) + 3;
   const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n, (size_t)n + 1, 7919, big};
-  for (size_t a = 0; a < 2; a++)
+  for (size_t a = 0; a < 3; a++)
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
       checkAllReduce(comm, r, n, mcclInt32, mcclSum, counts[c], algos[a], (int)c % 2, &rng);
-  /* 64 Mi elements (int8: 64 MiB per rank) through both algorithms. */
-  for (size_t a = 0; a < 2; a++)
+  /* 64 Mi elements (int8: 64 MiB per rank) through every algorithm. */
+  for (size_t a = 0; a < 3; a++)
     checkAllReduce(comm, r, n, mcclInt8, mcclSum, quick ? ((size_t)4 << 20) + 5 : (size_t)64 << 20, algos[a],
                    (int)a, &rng);
 

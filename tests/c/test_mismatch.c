@@ -141,7 +141,7 @@ int main(void) {
   /* Small (doubling, Bruck, trees, root-only broadcast), medium (scatter-allgather broadcast;
    * rings for all-gather and reduce-scatter at 8 ranks) and large (rings, the chain). */
   const size_t counts[] = {100, 12000, 70000};
-  const mcclAlgorithm_t algos[] = {mcclAlgoAuto, mcclAlgoRing, mcclAlgoTree};
+  const mcclAlgorithm_t algos[] = {mcclAlgoAuto, mcclAlgoRing, mcclAlgoTree, mcclAlgoHalvingDoubling};
   int cases = 0, before = harness_failures;
   for (int w = 0; w < (int)(sizeof(worlds) / sizeof(worlds[0])); w++) {
     const int n = worlds[w];
@@ -156,7 +156,8 @@ int main(void) {
           cases++;
         }
       }
-      for (int a = 1; a < 3; a++) { /* each algorithm forced where there are two */
+      for (int a = 1; a < 4; a++) { /* each algorithm forced where there are two (halving: all-reduce) */
+        if (algos[a] == mcclAlgoHalvingDoubling && k != AR) continue;
         mismatchCase mc = {k, k, counts[1], n - 1, algos[a], 0, 0, 0};
         harnessRunRanks(n, 60, mismatchUntouched, &mc);
         cases++;

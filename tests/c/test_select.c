@@ -2,7 +2,8 @@
  * test_select.c: choices of algo/select.c that are numbers, not kinds: the broadcast chain's
  * segment (mcclChainSegmentBytes) by size and world size, and chain broadcasts whose segment lies
  * strictly between the floor and MCCL_SEGMENT_BYTES, odd lengths included: every rank's bytes
- * equal the root's, exactly.
+ * equal the root's, exactly; and the all-reduce's choice among doubling, halving-doubling and the
+ * ring by size and world size (the model's crossovers, select.c).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +39,65 @@ static void testSegment(void) {
   expectSegment(4, 128 * K, (size_t)1 << 40, 128 * K);
 }
 
+static void expectAllReducePlanIn(int nranks, int ngroups, size_t bytes, mcclAlgorithm_t algo, mcclPlanKind want) {
+  mcclAlgoCtx ctx;
+  memset(&ctx, 0, sizeof(ctx));
+  ctx.nranks = nranks;
+  ctx.segment_bytes = 256 * 1024;
+  ctx.ring_threshold = 256 * 1024;
+  ctx.alpha_beta = 32 * 1024;
+  ctx.ngroups = ngroups;
+  mcclOp op;
+  memset(&op, 0, sizeof(op));
+  op.coll = MCCL_COLL_ALLREDUCE;
+  op.dtype = mcclFloat32;
+  op.count = bytes / 4;
+  op.algorithm = algo;
+  mcclPlanKind got = mcclAlgoSelect(&ctx, &op).kind;
+  EXPECT(got == want, "all-reduce of %zu bytes on %d ranks in %d groups (algorithm %d): %s, want %s", bytes, nranks,
+         ngroups, (int)algo, mcclPlanName(got), mcclPlanName(want));
+}
+
+static void expectAllReducePlan(int nranks, size_t bytes, mcclAlgorithm_t algo, mcclPlanKind want) {
+  expectAllReducePlanIn(nranks, 1, bytes, algo, want);
+}
+
+/* The all-reduce's plans at the default MCCL_RING_THRESHOLD (256 KiB) and MCCL_ALPHA_BETA
+ * (32 KiB): halving-doubling from (L alpha beta) / (L - 2 (p-1)/p) bytes (77 KiB on 8 ranks,
+ * 128 KiB on 4) up to where the ring's chunks exceed alpha x beta (n x 32 KiB), or, for n not a
+ * power of two, where its model cost reaches the ring's (between 234 and 256 KiB on 12 ranks, so
+ * the ring from the ring threshold there). */
+static void testAllReducePlans(void) {
+  const size_t K = 1024, M = 1024 * 1024;
+  const mcclPlanKind D = MCCL_PLAN_DOUBLING, H = MCCL_PLAN_HALVING_DOUBLING, R = MCCL_PLAN_RING;
+  expectAllReducePlan(8, 64 * K, mcclAlgoAuto, D);
+  expectAllReducePlan(8, 76 * K, mcclAlgoAuto, D);
+  expectAllReducePlan(8, 80 * K, mcclAlgoAuto, H);
+  expectAllReducePlan(8, 128 * K, mcclAlgoAuto, H);
+  expectAllReducePlan(8, 256 * K, mcclAlgoAuto, H);  /* chunks of 32 KiB = alpha x beta */
+  expectAllReducePlan(8, 260 * K, mcclAlgoAuto, R);
+  expectAllReducePlan(8, 1 * M, mcclAlgoAuto, R);
+  expectAllReducePlan(4, 124 * K, mcclAlgoAuto, D);
+  expectAllReducePlan(4, 132 * K, mcclAlgoAuto, H);
+  expectAllReducePlan(4, 256 * K, mcclAlgoAuto, R);
+  expectAllReducePlan(12, 200 * K, mcclAlgoAuto, H);
+  expectAllReducePlan(12, 240 * K, mcclAlgoAuto, H);  /* below the ring threshold: against doubling only */
+  expectAllReducePlan(12, 256 * K, mcclAlgoAuto, R);  /* x = 8 > 7.3: the ring's model cost is less */
+  expectAllReducePlan(64, 2 * M, mcclAlgoAuto, H);
+  expectAllReducePlan(64, 4 * M, mcclAlgoAuto, R);
+  /* Two and three ranks never take it by themselves (p = 2: doubling's one swap is cheaper). */
+  expectAllReducePlan(2, 200 * K, mcclAlgoAuto, D);
+  expectAllReducePlan(3, 200 * K, mcclAlgoAuto, D);
+  /* Topology groups of unequal size (no two-level ring): the rules without halving-doubling,
+   * whose partners p/2 ranks away would cross the uplinks. */
+  expectAllReducePlanIn(8, 3, 128 * K, mcclAlgoAuto, D);
+  expectAllReducePlanIn(8, 3, 256 * K, mcclAlgoAuto, R);
+  /* Forced choices. */
+  expectAllReducePlan(3, 4 * M, MCCL_ALGO_HALVING, H);
+  expectAllReducePlan(8, 64 * K, mcclAlgoRing, R);
+  expectAllReducePlan(8, 128 * K, mcclAlgoTree, D);
+}
+
 /* Root 1 broadcasts `count` int32 values i * 7 + 3 (i < count) by the chain (MCCL_ALGO=ring), in
  * segments of mcclChainSegmentBytes: on 3 ranks 96 KiB, 100 KiB (the last segment 4 bytes) and
  * the 64 KiB floor; on 4 ranks the floor. */
@@ -69,5 +129,8 @@ int main(void) {
   testSegment();
   EXPECT(harnessRunRanks(3, 120, chainRank, NULL) == 0, "chain broadcasts on 3 ranks, exact");
   EXPECT(harnessRunRanks(4, 120, chainRank, NULL) == 0, "chain broadcasts on 4 ranks, exact");
+  /* After the ranks: mcclAlgoSelect reads MCCL_ALGO once per process, and forked ranks would
+   * inherit that reading (chainRank sets MCCL_ALGO=ring). */
+  testAllReducePlans();
   return harnessExit("test_select");
 }

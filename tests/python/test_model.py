@@ -135,6 +135,29 @@ def replace_segment(p, segment):
     return Params(p.alpha, p.beta, segment, p.overhead)
 
 
+@pytest.mark.parametrize("size, n, meta, env, want", [
+    # select.c's rule (tests/c/test_select.c checks the same sizes): on 8 ranks doubling below
+    # 77 KiB, halving-doubling up to 256 KiB (chunks of alpha x beta), the ring above.
+    (64 << 10, 8, 2, {}, "doubling"),
+    (80 << 10, 8, 2, {}, "halving"),
+    (256 << 10, 8, 2, {}, "halving"),
+    (260 << 10, 8, 2, {}, "ring"),
+    (256 << 10, 12, 2, {}, "ring"),
+    (200 << 10, 3, 2, {}, "doubling"),
+    (4 << 20, 3, 2, {"MCCL_ALGO": "halving"}, "halving"),
+    (256 << 10, 8, 2, {"MCCL_ALPHA_BETA": "16K"}, "ring"),
+    (128 << 10, 8, 2, {"switches": 4}, "doubling"),  # topology groups (switches): not chosen
+    # Files from before halving-doubling (no algo_select) keep the old two-way rule.
+    (128 << 10, 8, None, {}, "doubling"),
+    (256 << 10, 8, None, {}, "ring"),
+])
+def test_classify_follows_select_c(size, n, meta, env, want):
+    cluster = {"switches": env.pop("switches")} if "switches" in env else {"switches": 1}
+    m = {"env": env, "cluster": cluster} if meta is None else {"env": env, "cluster": cluster, "algo_select": meta}
+    row = {"size": size, "count": size // 4, "nranks": n}
+    assert model.classify(row, m) == want
+
+
 @pytest.mark.parametrize("p", [model.PAPER, Params(50e-6, 0.62e9, 256 * 1024), Params(5e-6, 2e9, math.inf, 1e-5)])
 def test_two_level_with_one_group_is_the_flat_ring(p):
     for n in (1, 2, 3, 8, 24, 70, 128, 256):

@@ -44,6 +44,8 @@ def _plans(log: str, coll: str) -> set[str]:
     (None, {"doubling (small)", "ring (size >= MCCL_RING_THRESHOLD)"}, {"bruck (small)"}),
     ("ring", {"ring (forced, MCCL_ALGO)"}, {"ring (forced, MCCL_ALGO)"}),
     ("tree", {"doubling (forced, MCCL_ALGO)"}, {"bruck (forced, MCCL_ALGO)"}),
+    # Halving-doubling is an all-reduce algorithm: the other collectives take the ring.
+    ("halving", {"halving-doubling (forced, MCCL_ALGO)"}, {"ring (forced, MCCL_ALGO)"}),
 ])
 def test_mccl_algo_forces_and_logs_the_choice(algo, allreduce, allgather):
     env = {"MCCL_DEBUG": "INFO", "MCCL_DEBUG_SUBSYS": "COLL"}
@@ -79,7 +81,7 @@ def test_unknown_mccl_algo_is_a_warning_and_changes_nothing():
     for v in check_ok(run_ranks(_run_after_init, 2, env=env, pre_init=_log_init, deadline_s=60)):
         assert v["exact"]
         # Read at init, where every rank's settings are compared (one warning per process).
-        assert "MCCL_ALGO=bogus is not 'ring', 'tree', 'doubling' or 'twolevel'" in v["init_log"], v["init_log"]
+        assert "MCCL_ALGO=bogus is not 'ring', 'tree', 'doubling', 'twolevel' or 'halving'" in v["init_log"], v["init_log"]
         assert "allreduce of 16 float32 runs as doubling (small)" in v["log"], v["log"]
 
 

@@ -634,6 +634,9 @@ def run_metadata(groups: Groups, backends: list[str]) -> dict:
         import mccl
 
         meta["mccl"] = ".".join(map(str, mccl.version))
+        # Revision of csrc/algo/select.c's rules, for mccl.model.classify: 2 runs medium all-reduces
+        # as halving-doubling (files without it predate that).
+        meta["algo_select"] = 2
     with contextlib.suppress(Exception):
         meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      timeout=5, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
