@@ -324,7 +324,8 @@ typedef struct mcclHandoff {
 
 /* Algorithm choice for one call (benchmarks and tests force one; users leave AUTO). */
 typedef enum {
-  mcclAlgoAuto = 0, /* by size: MCCL_RING_THRESHOLD bytes and up take the ring */
+  mcclAlgoAuto = 0, /* by size: MCCL_RING_THRESHOLD bytes and up take the ring, except medium
+                       all-reduces, which may take halving-doubling (docs/algorithms.md) */
   mcclAlgoRing = 1, /* pipelined ring (all-reduce, all-gather) or chain (broadcast) */
   mcclAlgoTree = 2, /* recursive doubling (all-reduce) or a log-depth broadcast (Bruck) */
   mcclAlgoHalvingDoubling = 3 /* all-reduce: recursive halving, then recursive doubling

@@ -7,7 +7,8 @@
  *
  * Bitwise agreement: ring algorithms reduce each chunk along one path and copy the result to every
  * rank; recursive doubling always evaluates (lower rank's operand) op (higher rank's operand), so
- * both partners compute the same bits. Either way every rank ends with identical bytes.
+ * both partners compute the same bits; halving-doubling reduces each block on the one rank that
+ * keeps it (the same operand order) and then copies it. Every rank ends with identical bytes.
  */
 #ifndef MCCL_ALGO_H_
 #define MCCL_ALGO_H_
@@ -47,7 +48,8 @@ typedef struct mcclAlgoCtx {
   size_t work_bytes;
   size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
   int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
-  size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees */
+  size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees (all-reduce:
+                              halving-doubling takes some sizes on either side, select.c) */
   size_t alpha_beta;       /* MCCL_ALPHA_BETA: the network's latency x bandwidth product
                               (Hockney's alpha x beta) in bytes: messages much smaller than this
                               are latency-bound. The choices that trade rounds for bytes compare
@@ -104,7 +106,9 @@ mcclResult_t mcclAlgoExchange(mcclAlgoCtx* ctx, const mcclOp* op, const mcclPeer
  * sending on, a frame header of every other rank (the headers carry kind, dtype, op, count, root
  * and sequence number, and the transport compares them with its own). Recursive doubling, Bruck's
  * all-gather, the ring reduce-scatter and the reduce tree have such chains by construction and
- * keep partial results in scratch until their last round; the rest use one of these two: */
+ * keep partial results in scratch until their last round; halving-doubling has them after its
+ * halving rounds (a hypercube), keeps its partial results in scratch until then and writes the
+ * output in its doubling rounds; the rest use one of these two: */
 
 /* Agreement frames carry steps from here up (the wire's control steps); data frames use small
  * step numbers. */

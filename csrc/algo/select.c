@@ -39,6 +39,23 @@ int mcclAlgoAnnounceAll(const mcclAlgoCtx* ctx) { return ctx->nranks <= ctx->ann
 
 static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, window}; }
 
+/* Whether halving-doubling's model cost (see choose) is below the ring's (ring = 1) or recursive
+ * doubling's (ring = 0) for an all-reduce of `bytes` on n = ctx->nranks ranks, p = 2^L <= n, L >= 2,
+ * in exact integer arithmetic. Multiplied out (x = bytes / ab, f = 2 when p < n):
+ *   below doubling's: bytes (L p - 2 (p-1)) > L p ab;
+ *   below the ring's: bytes (2 (p-1) n + f p n - 2 (n-1) p) < (2 (n-1) - 2L - f) p n ab. */
+static int halvingBeats(const mcclAlgoCtx* ctx, size_t bytes, int p, int L, int ring) {
+#ifdef __SIZEOF_INT128__
+  __extension__ typedef unsigned __int128 wide;
+#else
+  typedef long double wide; /* no 128-bit integers (32-bit targets): exact up to 64-bit products */
+#endif
+  const wide S = (wide)bytes, ab = (wide)(ctx->alpha_beta ? ctx->alpha_beta : 1);
+  const wide n = (wide)ctx->nranks, P = (wide)p, l = (wide)L, f = p < ctx->nranks ? 2 : 0;
+  if (!ring) return S * (l * P - 2 * (P - 1)) > l * P * ab;
+  return S * (2 * (P - 1) * n + f * P * n - 2 * (n - 1) * P) < (2 * (n - 1) - 2 * l - f) * P * n * ab;
+}
+
 static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {
   const int n = ctx->nranks;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
@@ -57,7 +74,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
     case MCCL_COLL_ALLREDUCE: {
       /* Halving-doubling (doubling.c) against the other two, in the alpha-beta model with
        * x = S / (alpha beta), in units of alpha; p = 2^L the largest power of two <= n, and
-       * f = 2 when n is not one (the folded pairs' two extra whole-buffer hops):
+       * f = 2 when n is not a power of two (the folded pairs' two extra whole-buffer hops):
        *   doubling (L + f)(1 + x),  halving-doubling 2L + f + (2 (p-1)/p + f) x,
        *   ring 2 (n-1) + 2 (n-1)/n x (Hockney per step: a step's latency is exposed).
        * Halving-doubling beats doubling once x (L - 2 (p-1)/p) > L (77 KiB on 8 ranks at the
@@ -66,15 +83,14 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
        * alpha x beta: there its steps are bandwidth-bound and its segments overlap sends,
        * receives and reductions, which halving-doubling's whole-half swaps do not; measured on 8
        * hosts at 5 Gbit/s, halving-doubling took 0.7-0.8 ms at 256 KiB against the ring's
-       * 1.0-1.4 ms, and tied with it from 512 KiB to 4 MiB (bench/NOTES.md, 2026-12-07). */
+       * 1.0-1.4 ms, and tied with it from 512 KiB to 4 MiB (bench/NOTES.md, 2026-12-07).
+       * The comparisons are exact integer ones (halvingBeats): every rank must choose alike, and
+       * floating point may round differently on two machines of one job (fused multiply-add). */
       int p = 1, L = 0;
       while (p * 2 <= n) {
         p *= 2;
         L++;
       }
-      const double x = (double)bytes / (double)(ctx->alpha_beta ? ctx->alpha_beta : 1), f = p < n ? 2.0 : 0.0;
-      const double t_doubling = (L + f) * (1.0 + x), t_halving = 2.0 * L + f + (2.0 * (p - 1) / p + f) * x,
-                   t_ring = 2.0 * (n - 1) + 2.0 * (n - 1) / n * x;
       /* Its first rounds' partners are p/2, p/4, ... ranks away: across switches when the
        * topology has groups, where the two-level ring (or the topology-ordered ring) crosses each
        * uplink once. So only on one topology group. */
@@ -89,7 +105,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
           *why = forced_two ? "forced" : "chunks below alpha x beta, equal topology groups";
           return plan(MCCL_PLAN_TWO_LEVEL, 0);
         }
-        if (!forced_two && halving_ok && bytes / (size_t)n <= ctx->alpha_beta && t_halving < t_ring) {
+        if (halving_ok && bytes / (size_t)n <= ctx->alpha_beta && halvingBeats(ctx, bytes, p, L, 1)) {
           *why = "ring chunks S/n <= alpha x beta, halving-doubling's model cost below the ring's";
           return plan(MCCL_PLAN_HALVING_DOUBLING, 0);
         }
@@ -97,7 +113,7 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
                : forced_ring ? "forced" : "size >= MCCL_RING_THRESHOLD";
         return plan(MCCL_PLAN_RING, 0);
       }
-      if (halving_ok && t_halving < t_doubling) {
+      if (halving_ok && halvingBeats(ctx, bytes, p, L, 0)) {
         *why = "halving-doubling's model cost below doubling's";
         return plan(MCCL_PLAN_HALVING_DOUBLING, 0);
       }

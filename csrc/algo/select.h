@@ -17,9 +17,11 @@
  * paper's 306 us x 1.238 GB/s). Rings are bandwidth-optimal (each rank moves 2(n-1)/n S for an
  * all-reduce; Patarasuk & Yuan 2009) but take 2(n-1) steps; recursive doubling and Bruck take
  * ceil(log2 n) rounds of larger messages (Thakur, Rabenseifner & Gropp 2005), so small messages
- * take them and large ones the ring, from MCCL_RING_THRESHOLD bytes (default 256 KiB). Between
- * them, all-reduce on 4 ranks or more takes recursive halving-doubling (Rabenseifner: the ring's
- * bytes in 2 log2 p rounds) where the model prices it below both (select.c).
+ * take them and large ones the ring, from MCCL_RING_THRESHOLD bytes (default 256 KiB). All-reduce
+ * on 4 ranks or more in one topology group takes recursive halving-doubling (Rabenseifner: the
+ * ring's bytes in 2 log2 p rounds) below the threshold where the model prices it below doubling,
+ * and from the threshold up where the ring's chunks S/n are at most alpha x beta and the model
+ * prices it below the ring (to 256 KiB on 8 ranks, 2 MiB on 64; select.c).
  */
 #ifndef MCCL_SELECT_H_
 #define MCCL_SELECT_H_

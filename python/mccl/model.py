@@ -382,11 +382,11 @@ def _halving_chosen(size: int, count: int, n: int, kind: str, env: dict) -> bool
     p = 1 << L
     if L < 2 or count < p:
         return False
-    x, f = size / ab, (2.0 if p < n else 0.0)
-    t_halving = 2 * L + f + (2 * (p - 1) / p + f) * x
+    f = 2 if p < n else 0  # select.c's halvingBeats, in the same exact integer form
     if kind == "ring":
-        return size // n <= ab and t_halving < 2 * (n - 1) + 2 * (n - 1) / n * x
-    return t_halving < (L + f) * (1 + x)
+        return size // n <= ab and size * (2 * (p - 1) * n + f * p * n - 2 * (n - 1) * p) < \
+            (2 * (n - 1) - 2 * L - f) * p * n * ab
+    return size * (L * p - 2 * (p - 1)) > L * p * ab
 
 
 def points_from(paths: Iterable[str], *, backend: str = "mccl", op: str = "all_reduce",
