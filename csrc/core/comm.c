@@ -269,6 +269,8 @@ static void commFree(struct mcclComm* comm) {
   comm->tp.trace = NULL;
   free(comm->algo.scratch);
   free(comm->algo.work);
+  free(comm->premul);
+  comm->premul = NULL;
   free(comm->algo.ring_order);
   comm->algo.ring_order = NULL;
   comm->algo.scratch = comm->algo.work = NULL;

@@ -84,6 +84,8 @@ struct mcclComm {
   /* Engine-owned. */
   mcclTransport tp;
   mcclAlgoCtx algo;
+  void* premul;         /* PREMUL_SUM's scaled input (engine.c, runPremul), grown as needed */
+  size_t premul_bytes;
 
   /* Issue queue. */
   pthread_mutex_t qlock;

@@ -80,26 +80,29 @@ static mcclResult_t runAlgorithm(struct mcclComm* comm, const mcclOp* op) {
 }
 
 /* PREMUL_SUM: scale this rank's input once (after the producer finished writing it), then run the
- * collective as SUM. All-reduce scales into its output; reduce and reduce-scatter, whose input
- * must stay untouched, scale into a buffer of their own. */
+ * collective as SUM. The scaled copy goes into a buffer of the communicator's own (kept for the
+ * next one), never into the output or the input: a collective that fails (a mismatch found on
+ * another rank) must leave both as they were (algo.h, "Outputs are written only once..."). */
 static mcclResult_t runPremul(struct mcclComm* comm, struct mcclRequest* req) {
   mcclOp op = req->op;
   if (op.op != mcclPremulSum) return runAlgorithm(comm, &op);
   size_t n = op.count;
   if (op.coll == MCCL_COLL_REDUCE_SCATTER) n *= (size_t)comm->nranks;
-  void* scaled = NULL;
-  if (op.coll == MCCL_COLL_ALLREDUCE) {
-    scaled = op.recvbuf;
-  } else if (n > 0 && (scaled = malloc(n * mcclDataTypeSize(op.dtype))) == NULL) {
-    snprintf(comm->tp.error, sizeof(comm->tp.error), "out of memory scaling a PREMUL_SUM input");
-    return mcclSystemError;
-  }
-  mcclReduceScale(scaled, op.sendbuf, n, op.dtype, req->premul_factor);
-  op.sendbuf = scaled;
+  const size_t bytes = n * mcclDataTypeSize(op.dtype);
   op.op = mcclSum;
-  mcclResult_t res = runAlgorithm(comm, &op);
-  if (scaled != op.recvbuf) free(scaled);
-  return res;
+  if (bytes == 0) return runAlgorithm(comm, &op);
+  if (bytes > comm->premul_bytes) {
+    void* grown = realloc(comm->premul, bytes);
+    if (grown == NULL) {
+      snprintf(comm->tp.error, sizeof(comm->tp.error), "out of memory scaling a PREMUL_SUM input (%zu bytes)", bytes);
+      return mcclSystemError;
+    }
+    comm->premul = grown;
+    comm->premul_bytes = bytes;
+  }
+  mcclReduceScale(comm->premul, op.sendbuf, n, op.dtype, req->premul_factor);
+  op.sendbuf = comm->premul;
+  return runAlgorithm(comm, &op);
 }
 
 /* A fatal error: tell every peer and cut the connections (so that ranks blocked on this one fail

@@ -56,10 +56,16 @@ static mcclResult_t issueA2av(const int32_t* in, int32_t* out, size_t c, int r, 
   return mcclAllToAllv(in, v, v + n, out, v + 2 * n, v + 3 * n, mcclInt32, comm, o, NULL);
 }
 
+/* 1 (premulUntouched): the all-reduces are PREMUL_SUM of float32 (the int32 buffers' bytes), which
+ * the engine scales before it runs them as sums: the scaled copy must not land in the output. */
+static int premul;
+
 static mcclResult_t issue(int kind, const int32_t* in, int32_t* out, size_t c, int root, mcclComm_t comm,
                           const mcclOpOptions_t* o) {
   switch (kind) {
-    case AR: return mcclAllReduce(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
+    case AR:
+      if (premul) return mcclAllReduce(in, out, c, mcclFloat32, mcclPremulSum, comm, o, NULL);
+      return mcclAllReduce(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
     case BCAST: return mcclBroadcast(out, c, mcclInt32, root, comm, o, NULL);
     case AG: return mcclAllGather(in, out, c, mcclInt32, comm, o, NULL);
     case RS: return mcclReduceScatter(in, out, c, mcclInt32, mcclSum, comm, o, NULL);
@@ -95,6 +101,7 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   o.algorithm = mc->algo;
   o.timeout_ms = 10000;
   if (mc->site) o.call_site = odd ? 0xbbbb0002u : 0xaaaa0001u;
+  o.premul_factor = 0.5;
   mcclResult_t res = kind == A2AV ? issueA2av(in, out, c, r, n, mc, comm, &o) : issue(kind, in, out, c, root, comm, &o);
   const char* msg = mcclGetLastError(comm);
   EXPECT(res != mcclSuccess, "%s x %s, count %zu, %d ranks, odd rank %d: rank %d succeeded",
@@ -114,6 +121,11 @@ static int mismatchUntouched(int r, int n, mcclStore_t* store, void* arg) {
   free(in0);
   free(out0);
   return 0;
+}
+
+static int premulUntouched(int r, int n, mcclStore_t* store, void* arg) {
+  premul = 1; /* in this rank's process only */
+  return mismatchUntouched(r, n, store, arg);
 }
 
 /* A call site of 0 matches any: rank 0 gives none, the others one, and the all-reduce is exact. */
@@ -176,6 +188,15 @@ int main(void) {
                                   {BCAST, REDUCE, 12000, 0, mcclAlgoAuto, 0, 0, 0}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
       harnessRunRanks(n, 60, mismatchUntouched, (void*)&kinds[i]);
+      cases++;
+    }
+    /* PREMUL_SUM all-reduces whose counts differ, through doubling, halving-doubling and the
+     * ring: the scaled input must not have gone into the output. */
+    const mismatchCase premuls[] = {{AR, AR, 100, n - 1, mcclAlgoAuto, 0, 0, 0},
+                                    {AR, AR, 12000, n - 1, mcclAlgoHalvingDoubling, 0, 0, 0},
+                                    {AR, AR, 70000, n - 1, mcclAlgoRing, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof(premuls) / sizeof(premuls[0]); i++) {
+      harnessRunRanks(n, 60, premulUntouched, (void*)&premuls[i]);
       cases++;
     }
     /* The rooted collectives with ranks that disagree on the root: half and half (rank r names
