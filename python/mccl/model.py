@@ -190,6 +190,20 @@ def doubling_time(size, n, p: Params, op: str = "all_reduce"):
     return p.overhead + doubling_rounds(n) * (p.alpha + size / p.beta)
 
 
+def halving_time(size, n, p: Params) -> float:
+    """Seconds of recursive halving-doubling (Rabenseifner) all-reduce on n hosts: 2 log2 P
+    rounds of alpha and 2 (P-1)/P S/beta, P the largest power of two <= n, plus 2 (alpha + S/beta)
+    for the fold when n is not a power of two (``csrc/algo/doubling.c``; the formula
+    ``csrc/algo/select.c`` chooses it by)."""
+    n = int(n)
+    if n < 2:
+        return p.overhead
+    L = n.bit_length() - 1
+    P = 1 << L
+    f = 2 if P < n else 0
+    return p.overhead + (2 * L + f) * p.alpha + (2 * (P - 1) / P + f) * float(size) / p.beta
+
+
 def group_sizes(n: int, groups: int | None = None, group_size: int | None = None) -> list[int]:
     """Split n hosts into groups as evenly as possible (sizes differ by at most one): ``groups``
     of them, or ceil(n / group_size) groups of at most ``group_size``; never more groups than
@@ -603,15 +617,16 @@ class Row:
         return float(busbw(self.size, self.hosts, self.times[algo]))
 
 
-PREDICT_ALGOS = ("flat ring", "two-level", "doubling")
+PREDICT_ALGOS = ("flat ring", "two-level", "doubling", "halving-doubling")
 
 
 def predict(hosts: Sequence[int], sizes: Sequence[float], ring: Params, doubling: Params | None = None, *,
             groups: int | None = None, group_size: int | None = None, inter: Params | None = None,
             uplink: float | None = None) -> list[Row]:
-    """All-reduce time of the three algorithms for every (hosts, size): flat ring and two-level
+    """All-reduce time of the four algorithms for every (hosts, size): flat ring and two-level
     ring with ``ring`` (the two-level's inter-group phase with ``inter``, default ``ring``),
-    doubling with ``doubling`` (default ``ring``'s parameters). Groups: ``groups`` of them or
+    doubling and halving-doubling with ``doubling`` (default ``ring``'s parameters; both are
+    rounds of whole messages, alpha + bytes/beta each). Groups: ``groups`` of them or
     groups of at most ``group_size`` hosts (default 16), as even as possible. ``uplink`` (B/s):
     one group's uplink, shared by the cross-group rings of its hosts, so the inter-group phase
     gets min(beta, uplink / g_max) each."""
@@ -628,6 +643,7 @@ def predict(hosts: Sequence[int], sizes: Sequence[float], ring: Params, doubling
                 "flat ring": float(ring_time(S, n, ring)),
                 "two-level": two_level_time(S, gs, ring, inter_n),
                 "doubling": float(doubling_time(S, n, doubling)),
+                "halving-doubling": halving_time(S, n, doubling),
             }))
     return out
 
@@ -684,8 +700,8 @@ def plot(rows: list[Row], goodput: float, path: str, title: str, ring: Params, d
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.2), squeeze=False)
     for ax, S in zip(axes.flat, sizes):
         dense = predict(grid, [S], ring, doubling, **layout)
-        for a, style in zip(PREDICT_ALGOS, ("-", "--", ":")):
-            ax.plot(grid, [d.busbw(a) / 1e9 for d in dense], style, label=a)
+        for a, style in zip(PREDICT_ALGOS, ("-", "--", ":", (0, (5, 1, 1, 1)))):
+            ax.plot(grid, [d.busbw(a) / 1e9 for d in dense], linestyle=style, label=a)
             mine = [r for r in rows if r.size == S]
             ax.plot([r.hosts for r in mine], [r.busbw(a) / 1e9 for r in mine], "o", ms=3, color=ax.lines[-1].get_color())
         ax.axhline(goodput / 1e9, color="k", lw=0.8, ls="-.", label=f"goodput {goodput / 1e9:.3f} GB/s")
@@ -1008,6 +1024,8 @@ def _cmd_predict(a) -> int:
               + (f", uplink {a.uplink_gbs:g} GB/s per group shared by its rings" if a.uplink_gbs is not None else ""))
     print(f"# busbw = 2(n-1)/n S/t in GB/s (1e9 B/s); %gp = busbw / goodput ({goodput / 1e9:.4f} GB/s); "
           f"groups: the two-level ring's layout")
+    print("# halving-doubling is priced as on one switch: libmccl takes it only within one topology group "
+          "(its first partners are n/2 hosts away)")
     for S in sizes:
         nstar = crossover_hosts(S, ring)
         if math.isinf(ring.segment):

@@ -205,6 +205,11 @@ def test_predict_cli_paper_table(capsys, tmp_path):
     # 25 MB on 256 hosts: flat ring 2*255*306 us = 156.06 ms, 25.8% of goodput.
     assert "156.06   0.319   25.8%" in rows[("25", "MB", "256")]
     assert rows[("50", "MB", "128")].split()[5:8] == ["80.14", "1.238", "100.0%"]
+    # Halving-doubling on 256 hosts: 2 x 8 rounds of 306 us + 2 x 255/256 x 25 MB at 1.238 GB/s =
+    # 4.896 + 40.233 ms; on 24 (P = 16, folded): (8 + 2) x 306 us + (2 x 15/16 + 2) x 25 MB / beta.
+    assert rows[("25", "MB", "256")].split()[17:20] == ["45.13", "1.104", "89.2%"]
+    assert rows[("25", "MB", "24")].split()[17] == "81.31"
+    assert model.halving_time(25e6, 256, model.PAPER) == pytest.approx(16 * 306e-6 + 2 * 255 / 256 * 25e6 / 1.238e9)
     # libmccl's setting for these parameters: 306e-6 s x 1.238e9 B/s = 378828 B.
     assert "# for libmccl: MCCL_ALPHA_BETA=378828 (alpha x beta, bytes)" in out
     assert png.stat().st_size > 10_000
