@@ -132,17 +132,16 @@ static size_t blockOff(size_t count, int p, int b) {
  * op (higher rank's). After log2 p rounds virtual rank v holds block v reduced over every rank
  * (AVG divides in the last round). All-gather by doubling: in round k (distance 2^k) partners
  * swap the ranges they hold, which double. Bytes per rank: 2 (p-1)/p S (the ring's 2 (n-1)/n S
- * when n is a power of two), in
- * 2 log2 p rounds (the ring: 2 (n-1) steps), plus 2 S for folded ranks: the algorithm for sizes
- * where the ring's steps are latency-bound and doubling's log2 p whole-buffer swaps cost more
- * than its extra rounds (select.c).
+ * when n is a power of two) in 2 log2 p rounds (the ring: 2 (n-1) steps), plus 2 S for folded
+ * ranks: the algorithm for sizes where the ring's steps are latency-bound and doubling's log2 p
+ * whole-buffer swaps cost more than its extra rounds (select.c).
  *
  * Every block's final value is computed on one rank only and then copied, so every rank's bytes
  * are equal. Partial results live in the work buffer (`acc`, mcclAlgoWork); the output is first
- * written after the
- * halving rounds, whose hypercube pattern has by then carried every rank's checked header to this
- * rank through a chain of ranks that each checked the previous one before sending on (algo.h,
- * "Outputs are written only once..."): the doubling rounds write straight into the output.
+ * written after the halving rounds, whose hypercube pattern has by then carried every rank's
+ * checked header to this rank through a chain of ranks that each checked the previous one before
+ * sending on (algo.h, "Outputs are written only once..."): the doubling rounds write straight
+ * into the output.
  * Frames: fold step 0, halving rounds 1 .. L, doubling rounds L+1 .. 2L, the folded result 2L+1. */
 mcclResult_t mcclHalvingDoublingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;

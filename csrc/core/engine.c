@@ -91,13 +91,13 @@ static mcclResult_t runPremul(struct mcclComm* comm, struct mcclRequest* req) {
   const size_t bytes = n * mcclDataTypeSize(op.dtype);
   op.op = mcclSum;
   if (bytes == 0) return runAlgorithm(comm, &op);
-  if (bytes > comm->premul_bytes) {
-    void* grown = realloc(comm->premul, bytes);
-    if (grown == NULL) {
+  if (bytes > comm->premul_bytes) { /* grown to the largest so far (nothing in it to keep) */
+    free(comm->premul);
+    comm->premul_bytes = 0;
+    if ((comm->premul = malloc(bytes)) == NULL) {
       snprintf(comm->tp.error, sizeof(comm->tp.error), "out of memory scaling a PREMUL_SUM input (%zu bytes)", bytes);
       return mcclSystemError;
     }
-    comm->premul = grown;
     comm->premul_bytes = bytes;
   }
   mcclReduceScale(comm->premul, op.sendbuf, n, op.dtype, req->premul_factor);
