@@ -26,7 +26,7 @@ static void readForced(void) {
   if (strcasecmp(v, "ring") == 0) forced = mcclAlgoRing;
   else if (strcasecmp(v, "tree") == 0 || strcasecmp(v, "doubling") == 0) forced = mcclAlgoTree;
   else if (strcasecmp(v, "twolevel") == 0 || strcasecmp(v, "two-level") == 0) forced = MCCL_ALGO_TWO_LEVEL;
-  else if (strcasecmp(v, "halving") == 0 || strcasecmp(v, "halving-doubling") == 0) forced = MCCL_ALGO_HALVING;
+  else if (strcasecmp(v, "halving") == 0 || strcasecmp(v, "halving-doubling") == 0) forced = mcclAlgoHalvingDoubling;
   else WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling', 'twolevel' or 'halving'; the algorithms are chosen by size", v);
 }
 
@@ -59,7 +59,7 @@ static int halvingBeats(const mcclAlgoCtx* ctx, size_t bytes, int p, int L, int 
 static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t algo, const char** why) {
   const int n = ctx->nranks;
   const size_t esz = mcclDataTypeSize(op->dtype), bytes = op->count * esz;
-  if (algo == MCCL_ALGO_HALVING) {
+  if (algo == mcclAlgoHalvingDoubling) {
     if (op->coll == MCCL_COLL_ALLREDUCE) {
       *why = "forced";
       return plan(MCCL_PLAN_HALVING_DOUBLING, 0);

@@ -78,11 +78,10 @@ const char* mcclPlanName(mcclPlanKind kind);
 /* MCCL_ALGO=twolevel: an algorithm beyond the public mcclAlgorithm_t values (all-reduce only; the
  * other collectives run as with MCCL_ALGO=ring). MCCL_ALGO=halving is mcclAlgoHalvingDoubling. */
 #define MCCL_ALGO_TWO_LEVEL ((mcclAlgorithm_t)4)
-#define MCCL_ALGO_HALVING mcclAlgoHalvingDoubling
 
 /* The collective's algorithm forced by MCCL_ALGO for the whole process (mcclAlgoAuto when unset):
  * "ring" is mcclAlgoRing, "tree" (or "doubling") mcclAlgoTree, "twolevel" MCCL_ALGO_TWO_LEVEL,
- * "halving" (or "halving-doubling") MCCL_ALGO_HALVING (those two: all-reduce; the other
+ * "halving" (or "halving-doubling") mcclAlgoHalvingDoubling (those two: all-reduce; the other
  * collectives take the ring), any case; another value is a warning and
  * changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
 mcclAlgorithm_t mcclAlgoForced(void);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "algo/select.h"
 #include "reduce/reduce.h"
 #include "transport/wire.h"
 
@@ -364,7 +363,7 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   mcclComm_t comm = harnessCommInit(r, n, store);
   if (comm == NULL) return 1;
   uint64_t rng = 0x1234u + (uint64_t)r * 7919u;
-  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree, MCCL_ALGO_HALVING};
+  const mcclAlgorithm_t algos[] = {mcclAlgoRing, mcclAlgoTree, mcclAlgoHalvingDoubling};
 
   /* Every op x dtype, every all-reduce algorithm, a count that is not a multiple of n. */
   for (size_t a = 0; a < 3; a++)

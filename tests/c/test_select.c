@@ -93,7 +93,7 @@ static void testAllReducePlans(void) {
   expectAllReducePlanIn(8, 3, 128 * K, mcclAlgoAuto, D);
   expectAllReducePlanIn(8, 3, 256 * K, mcclAlgoAuto, R);
   /* Forced choices. */
-  expectAllReducePlan(3, 4 * M, MCCL_ALGO_HALVING, H);
+  expectAllReducePlan(3, 4 * M, mcclAlgoHalvingDoubling, H);
   expectAllReducePlan(8, 64 * K, mcclAlgoRing, R);
   expectAllReducePlan(8, 128 * K, mcclAlgoTree, D);
 }
