@@ -24,7 +24,7 @@
 #   trace4    the cluster again with 4 hosts: the trace of 64 MiB all-reduces and its summary,
 #             and mccl / gloo alternating at 64 MiB (last: it replaces the 8-host cluster)
 # Usage on the device: STAGES="base base@MCCL_SEND_THREAD=0 pin base" bash bench/device_trace.sh
-# (HOSTS, RATE: 8, 5gbit; PY: python3; here: PY=.venv/bin/python HOSTS=3 RATE=1gbit ...)
+# (HOSTS, RATE: 8, 5gbit; ITERS: timed iterations of base and ab, 8; PY: python3; here: PY=.venv/bin/python HOSTS=3 RATE=1gbit ...)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -85,7 +85,7 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
           F=$RES/base$TAG$SUF; n=2  # a stage repeated in one call: base8-2, base8-3, ...
           while [ -e "$F.txt" ]; do F=$RES/base$TAG$SUF-$n; n=$((n + 1)); done
           env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops "${ops//+/,}" \
-            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n 8 --json "$F.json" > "$F.txt" 2>&1
+            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n "${ITERS:-8}" --json "$F.json" > "$F.txt" 2>&1
           tail -30 "$F.txt" ;;
     ab) ops=${OPS:-all_reduce}; sizes=${SIZES:-64M}  # mccl alone, invocations alternating the stage's settings (A)
         for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
@@ -94,7 +94,7 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
         for r in $(seq 1 "${ROUNDS:-3}"); do for side in A B; do
           extra=(); [ $side = B ] && extra=("${BENVS[@]}")
           env "${ENVS[@]}" "${extra[@]}" $B --cluster t0 --backends mccl --goodput "$GP" --ops "${ops//+/,}" \
-            --sizes "${sizes//+/,}" -n 8 -w 2 --json "$F/$r-$side.json" > "$F/$r-$side.txt" 2>&1
+            --sizes "${sizes//+/,}" -n "${ITERS:-8}" -w 2 --json "$F/$r-$side.json" > "$F/$r-$side.txt" 2>&1
         done; done
         "$PY" bench/ab_summary.py "$F" | tee "$F/summary.txt" ;;
     pin) up "$NH" 2 ;;

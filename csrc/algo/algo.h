@@ -48,6 +48,7 @@ typedef struct mcclAlgoCtx {
   size_t work_bytes;
   size_t segment_bytes;    /* MCCL_SEGMENT_BYTES: payload bytes per frame */
   int depth;               /* MCCL_PIPELINE_DEPTH: frames in flight per ring link */
+  int relay;               /* MCCL_CHAIN_RELAY: the chain forwards bytes as they land */
   size_t ring_threshold;   /* MCCL_RING_THRESHOLD: bytes at which rings replace trees (all-reduce:
                               halving-doubling takes some sizes on either side, select.c) */
   size_t alpha_beta;       /* MCCL_ALPHA_BETA: the network's latency x bandwidth product
@@ -237,6 +238,10 @@ typedef struct {
   size_t copy_bytes;
   size_t segment_bytes;    /* payload bytes per frame at most; 0: MCCL_SEGMENT_BYTES (the chain
                               broadcast's comes from mcclChainSegmentBytes, select.h) */
+  int relay;               /* 1 (lag 0, copies only, each step sends the chunk it receives: the
+                              chain): a send is posted with its receive and forwards that
+                              receive's bytes as they land (mcclTransportPostRelay); 0: a send
+                              waits until its segment has landed whole */
 } mcclRingPlan;
 
 mcclResult_t mcclRingRun(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingPlan* plan);

@@ -96,6 +96,9 @@ static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingP
   size_t runit[64];   /* the unit each posted receive slot holds */
   size_t sunit[64];   /* the unit each posted send slot holds */
   uint8_t staged[64]; /* it lands in staging: reductions, and copies until announced */
+  int8_t relayed[64];  /* send slot -> the receive slot it relays (p->relay), or -1 */
+  uint8_t rbusy[64];   /* receive slot a posted relay still sends from: not reposted until it is done */
+  memset(rbusy, 0, sizeof(rbusy));
   size_t s_posted = 0, s_done = 0, r_posted = 0, r_done = 0;
   size_t su = 0, ru = 0; /* next unit to consider for posting a send / a receive */
   size_t copied = 0;     /* of the plan's copy: one segment per pass, while the links work */
@@ -112,6 +115,7 @@ static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingP
       if (p->reuse_lag > 0 && t >= p->reuse_lag && sent_upto <= (size_t)(t - p->reuse_lag) * nseg + ru % nseg)
         break;
       size_t slot = r_posted % (size_t)depth;
+      if (rbusy[slot]) break;
       mcclXfer* x = &rx[slot];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, p->step_base + (uint32_t)t, s.off * esz, s.len * esz);
@@ -132,16 +136,28 @@ static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingP
       int c = p->send_chunk[t];
       mcclSeg s = c < 0 ? (mcclSeg){0, 0} : segmentOf(p, c, nseg, j);
       if (s.len == 0) { su++; continue; }
-      int dep_step = t - p->lag;
-      if (dep_step >= 0 && p->recv_chunk[dep_step] >= 0 && processed_upto <= (size_t)dep_step * nseg + j)
-        break;
+      int dep_step = t - p->lag, from = -1;
+      if (dep_step >= 0 && p->recv_chunk[dep_step] >= 0 && processed_upto <= (size_t)dep_step * nseg + j) {
+        /* Not landed yet: a relaying plan forwards it from its posted receive (lag 0, so that is
+         * this very unit), as its bytes arrive; otherwise wait. */
+        if (!p->relay) break;
+        for (size_t k = r_done; k < r_posted && from < 0; k++)
+          if (runit[k % (size_t)depth] == su) from = (int)(k % (size_t)depth);
+        if (from < 0) break;
+      }
       size_t slot = s_posted % (size_t)depth;
       mcclXfer* x = &sx[slot];
       memset(x, 0, sizeof(*x));
       mcclAlgoFrame(op, &x->frame, p->step_base + (uint32_t)t, s.off * esz, s.len * esz);
-      x->buf = p->send_from_input[t] ? (char*)in + (s.off - p->in_base) * esz : out + s.off * esz;
-      x->bytes = s.len * esz;
-      mcclTransportPostSend(ctx->tp, p->send_peer, x);
+      relayed[slot] = (int8_t)from;
+      if (from >= 0) {
+        rbusy[from] = 1;
+        mcclTransportPostRelay(ctx->tp, p->send_peer, x, &rx[from]);
+      } else {
+        x->buf = p->send_from_input[t] ? (char*)in + (s.off - p->in_base) * esz : out + s.off * esz;
+        x->bytes = s.len * esz;
+        mcclTransportPostSend(ctx->tp, p->send_peer, x);
+      }
       sunit[slot] = su;
       s_posted++;
       su++;
@@ -167,7 +183,8 @@ static mcclResult_t ringLoop(mcclAlgoCtx* ctx, const mcclOp* op, const mcclRingP
     }
     mcclAnnounceCheck(&ann);
 
-    while (s_done < s_posted && sx[s_done % (size_t)depth].complete) s_done++;
+    for (; s_done < s_posted && sx[s_done % (size_t)depth].complete; s_done++)
+      if (relayed[s_done % (size_t)depth] >= 0) rbusy[relayed[s_done % (size_t)depth]] = 0;
     while (ann.done && r_done < r_posted && rx[r_done % (size_t)depth].complete) {
       size_t slot = r_done % (size_t)depth;
       int t = (int)(runit[slot] / nseg);
@@ -242,7 +259,7 @@ mcclResult_t mcclRingAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
   /* Step 0 reduces into the output, long before this rank has heard from the ranks behind its
    * left neighbour: announcements run alongside. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), send_chunk, recv_chunk,
-                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0, NULL, NULL, 0, 0};
+                       recv_mode, from_input, geo, geo + n, op->recvbuf, NULL, 0, 1, 0, n - 1, 0, NULL, NULL, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(send_chunk);
   free(flags);
@@ -291,7 +308,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = t == 0;
     }
     mcclRingPlan p1 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0, 0};
+                       op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0, 0, 0};
     res = mcclRingRun(ctx, op, &p1);
   }
   /* 2: all-reduce of chunk j across the groups (from here on the input is this rank's output). */
@@ -307,7 +324,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
     }
     mcclRingPlan p2 = {steps, G, 1, mcclRingRank(ctx, mod(k + 1, G) * g + j), mcclRingRank(ctx, mod(k - 1, G) * g + j),
                        chunks, chunks + nsteps, flags, flags + nsteps, off2, len2, op->recvbuf, NULL, 0,
-                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1), NULL, NULL, 0, 0};
+                       g > 1 ? 0 : 1, 0, G - 1, (uint32_t)(g - 1), NULL, NULL, 0, 0, 0};
     res = mcclRingRun(ctx, &mid, &p2);
   }
   /* 3: all-gather of the chunks inside the group. */
@@ -319,7 +336,7 @@ mcclResult_t mcclTwoLevelAllReduce(mcclAlgoCtx* ctx, const mcclOp* op) {
       flags[nsteps + t] = 0;
     }
     mcclRingPlan p3 = {g - 1, g, 1, right, left, chunks, chunks + nsteps, flags, flags + nsteps, off1, len1,
-                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1)), NULL, NULL, 0, 0};
+                       op->recvbuf, NULL, 0, 0, 0, 0, (uint32_t)(g - 1 + 2 * (G - 1)), NULL, NULL, 0, 0, 0};
     res = mcclRingRun(ctx, &mid, &p3);
   }
   free(chunks);
@@ -353,7 +370,7 @@ static mcclResult_t ringReduceScatterChunks(mcclAlgoCtx* ctx, const mcclOp* op, 
     flags[nsteps + t] = t == 0;
   }
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
-                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0, NULL, NULL, 0, 0};
+                       flags, flags + nsteps, off, len, work, final_out, final_base, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -444,7 +461,7 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
    * writes it there) runs inside the ring. */
   mcclRingPlan plan = {nsteps, n, 1, mcclRingRank(ctx, pos + 1), mcclRingRank(ctx, pos - 1), chunks, chunks + nsteps,
                        flags, flags + nsteps, geo, geo + n, op->recvbuf, NULL, 0, 1, geo[r], 0, 0,
-                       op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0, 0};
+                       op->sendbuf, own, op->sendbuf != own ? op->count * esz : 0, 0, 0};
   mcclResult_t res = mcclRingRun(ctx, op, &plan);
   free(chunks);
   free(flags);
@@ -452,9 +469,12 @@ mcclResult_t mcclAlgoAllGather(mcclAlgoCtx* ctx, const mcclOp* op) {
   return res;
 }
 
-/* Broadcast of a large buffer: a pipelined chain root -> root+1 -> ... -> root-1. Each rank
- * forwards segment j as soon as it has landed (lag 0); the root only sends, the last only
- * receives. Time ~ bytes/bandwidth + (n-1) segment hops, so the segment shrinks with the size
+/* Broadcast of a large buffer: a pipelined chain root -> root+1 -> ... -> root-1; the root only
+ * sends, the last only receives. With relays (MCCL_CHAIN_RELAY, the default) each rank forwards
+ * segment j's bytes as they land (cut-through, mcclTransportPostRelay): time ~ bytes/bandwidth +
+ * (n-1) hops of one socket read, whatever the segment, so the segments are MCCL_SEGMENT_BYTES
+ * (fewer frames, less CPU). Without, segment j leaves once it has landed whole (lag 0): time ~
+ * bytes/bandwidth + (n-1) segment hops, so the segment shrinks with the size
  * (mcclChainSegmentBytes, select.h). */
 mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   const int n = ctx->nranks, r = ctx->rank;
@@ -465,6 +485,7 @@ mcclResult_t mcclRingBroadcast(mcclAlgoCtx* ctx, const mcclOp* op) {
   size_t off = 0, len = op->count;
   mcclRingPlan plan = {1, 1, 0, mcclRingRank(ctx, me + 1), mcclRingRank(ctx, me - 1), &send_chunk, &recv_chunk,
                        &mode, &from_input, &off, &len, op->recvbuf, NULL, 0, 1, 0, 0, 0, NULL, NULL, 0,
-                       mcclChainSegmentBytes(ctx, op->count * mcclDataTypeSize(op->dtype))};
+                       ctx->relay ? 0 : mcclChainSegmentBytes(ctx, op->count * mcclDataTypeSize(op->dtype)),
+                       ctx->relay};
   return mcclRingRun(ctx, op, &plan);
 }

@@ -44,12 +44,16 @@ static mcclPlan plan(mcclPlanKind kind, int window) { return (mcclPlan){kind, wi
  * in exact integer arithmetic. Multiplied out (x = bytes / ab, f = 2 when p < n):
  *   below doubling's: bytes (L p - 2 (p-1)) > L p ab;
  *   below the ring's: bytes (2 (p-1) n + f p n - 2 (n-1) p) < (2 (n-1) - 2L - f) p n ab. */
-static int halvingBeats(const mcclAlgoCtx* ctx, size_t bytes, int p, int L, int ring) {
 #ifdef __SIZEOF_INT128__
-  __extension__ typedef unsigned __int128 wide;
+__extension__ typedef unsigned __int128 wide;
 #else
-  typedef long double wide; /* no 128-bit integers (32-bit targets): exact up to 64-bit products */
+typedef long double wide; /* no 128-bit integers (32-bit targets): exact up to 64-bit products */
 #endif
+
+/* a b < c d, exactly (no overflow, no rounding: every rank must choose alike). */
+static int productLess(size_t a, size_t b, size_t c, size_t d) { return (wide)a * (wide)b < (wide)c * (wide)d; }
+
+static int halvingBeats(const mcclAlgoCtx* ctx, size_t bytes, int p, int L, int ring) {
   const wide S = (wide)bytes, ab = (wide)(ctx->alpha_beta ? ctx->alpha_beta : 1);
   const wide n = (wide)ctx->nranks, P = (wide)p, l = (wide)L, f = p < ctx->nranks ? 2 : 0;
   if (!ring) return S * (l * P - 2 * (P - 1)) > l * P * ab;
@@ -124,18 +128,21 @@ static mcclPlan choose(const mcclAlgoCtx* ctx, const mcclOp* op, mcclAlgorithm_t
       /* The pipelined chain of segments of s bytes takes about (S + (n-2) s)/beta (the last rank
        * starts n-2 segments after the first), scatter + all-gather 2 (n-1)/n S/beta: the chain
        * wins once S > n s, s its own segment (mcclChainSegmentBytes: 64 KiB up to 48 MiB on 8
-       * ranks). On two ranks the chain is the direct send. */
+       * ranks). A relaying chain's fill is smaller (hops of a socket read, not a segment), so
+       * the rule errs towards scatter + all-gather there. On two ranks the chain is the direct
+       * send. */
       if (forced_ring || (auto_big && (n == 2 || op->count < (size_t)n ||
                                        bytes >= (size_t)n * mcclChainSegmentBytes(ctx, bytes)))) {
         *why = forced_ring ? "forced" : "large: S > n x the chain's segment (or 2 ranks)";
         return plan(MCCL_PLAN_CHAIN, 0);
       }
       /* Scatter + all-gather moves 2 (n-1)/n S against the tree's log2(n) S: it pays once the
-       * bytes saved outweigh its extra rounds' latency. */
+       * bytes saved outweigh its extra rounds' latency. The comparison is an exact integer one
+       * (every rank must choose alike): (L n - 2(n-1)) S > n alpha beta. */
       int L = 0;
       while ((1 << L) < n) L++;
       if (algo == mcclAlgoAuto && op->count >= (size_t)n &&
-          ((double)L - 2.0 * (n - 1) / n) * (double)bytes > (double)ctx->alpha_beta) {
+          productLess((size_t)n, ctx->alpha_beta, (size_t)L * (size_t)n - 2 * (size_t)(n - 1), bytes)) {
         *why = "(log2 n - 2(n-1)/n) S > alpha x beta";
         return plan(MCCL_PLAN_SCATTER_ALLGATHER, 0);
       }

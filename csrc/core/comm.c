@@ -378,7 +378,7 @@ static void recordTerminate(rankRecord* rec) {
 
 /* The values of the MCCL_* variables that every rank of a job must be given alike (ENVIRONMENT.md),
  * as this rank uses them (a refused value is its default; MCCL_RUNTIME_CONNECT=-1 resolved): every
- * rank's choices of algorithm, segment and agreement, and whether it connects at init, follow them,
+ * rank's choices of algorithm, segment (the chain's follows MCCL_CHAIN_RELAY) and agreement, and whether it connects at init, follow them,
  * and ranks that differ would fail later with a frame that names no variable, or wait on peers that
  * never dial. Space-separated NAME=VALUE pairs, in a fixed order. */
 static void jobSettings(int nranks, char* out, size_t cap) {
@@ -388,10 +388,11 @@ static void jobSettings(int nranks, char* out, size_t cap) {
   int64_t runtime_connect = mcclParamInt("MCCL_RUNTIME_CONNECT");
   if (runtime_connect < 0) runtime_connect = nranks > mcclParamInt("MCCL_ANNOUNCE_RANKS");
   snprintf(out, cap, "MCCL_ALGO=%s MCCL_RING_THRESHOLD=%lld MCCL_SEGMENT_BYTES=%lld MCCL_ALPHA_BETA=%lld "
-           "MCCL_ANNOUNCE_RANKS=%lld MCCL_RUNTIME_CONNECT=%lld MCCL_CHECK_CALL_SITES=%lld", algo,
+           "MCCL_ANNOUNCE_RANKS=%lld MCCL_RUNTIME_CONNECT=%lld MCCL_CHECK_CALL_SITES=%lld MCCL_CHAIN_RELAY=%lld", algo,
            (long long)mcclParamInt("MCCL_RING_THRESHOLD"), (long long)mcclParamInt("MCCL_SEGMENT_BYTES"),
            (long long)mcclParamInt("MCCL_ALPHA_BETA"), (long long)mcclParamInt("MCCL_ANNOUNCE_RANKS"),
-           (long long)runtime_connect, (long long)mcclParamInt("MCCL_CHECK_CALL_SITES"));
+           (long long)runtime_connect, (long long)mcclParamInt("MCCL_CHECK_CALL_SITES"),
+           (long long)mcclParamInt("MCCL_CHAIN_RELAY"));
 }
 
 /* Every rank judges the same table: the first rank whose settings differ from rank 0's fails
@@ -970,6 +971,7 @@ MCCL_API mcclResult_t mcclCommInitConfig(mcclComm_t* out, const mcclCommConfig_t
   comm->algo.abort_flag = &comm->aborted;
   comm->algo.segment_bytes = (size_t)mcclParamInt("MCCL_SEGMENT_BYTES");
   comm->algo.depth = (int)mcclParamInt("MCCL_PIPELINE_DEPTH");
+  comm->algo.relay = (int)mcclParamInt("MCCL_CHAIN_RELAY");
   comm->algo.ring_threshold = (size_t)mcclParamInt("MCCL_RING_THRESHOLD");
   comm->algo.alpha_beta = (size_t)mcclParamInt("MCCL_ALPHA_BETA");
   comm->algo.alltoall_window = (int)mcclParamInt("MCCL_ALLTOALL_WINDOW");

@@ -36,6 +36,11 @@ static mcclParam params[] = {
     {"MCCL_ALPHA_BETA", 32 * 1024, 1, (int64_t)1 << 40, 0, NULL, 0},
     /* Bytes per ring frame: the unit that is sent, received and reduced as one pipeline stage. */
     {"MCCL_SEGMENT_BYTES", 256 * 1024, 4096, 1 << 30, 0, NULL, 0},
+    /* 1: the broadcast chain forwards a segment's bytes as they land (cut-through: a hop costs a
+     * socket read, not a segment; transport/tcp.h, mcclTransportPostRelay); 0: a segment leaves a
+     * rank once all of it has arrived (store-and-forward), in smaller frames (mcclChainSegmentBytes).
+     * Every rank must be given the same. */
+    {"MCCL_CHAIN_RELAY", 1, 0, 1, 0, NULL, 0},
     /* Frames in flight per ring link (posted receives and sends ahead of the reducer). */
     {"MCCL_PIPELINE_DEPTH", 4, 1, 64, 0, NULL, 0},
     /* Pairwise all-to-all steps in flight at once for blocks of 2 x MCCL_ALPHA_BETA and up (0: all

@@ -87,20 +87,37 @@ static void pipeDrain(int fd, atomic_int* pending) {
   atomic_store(pending, 0);
 }
 
-/* Write what the socket takes of x's header and payload, from x->done on. Returns the bytes
- * written, or -1 with errno (EAGAIN: the socket is full). */
-static ssize_t frameWrite(int fd, mcclXfer* x) {
+/* The payload bytes of `x` that may be written: all of them, or for a relaying send what its
+ * receive has landed so far (the acquire pairs with the reader's release: those bytes are in buf). */
+static size_t payloadReady(const mcclXfer* x) {
+  return x->relay == NULL ? x->bytes : atomic_load_explicit(&x->relay->landed, memory_order_acquire);
+}
+
+/* A relaying send that has written everything its receive has landed so far, and not the whole
+ * frame: it waits for more bytes, and being mid-frame it holds its link (nothing may cut in). */
+static int relayStarved(const mcclXfer* x) {
+  return x->relay != NULL && x->done >= MCCL_FRAME_BYTES && x->done - MCCL_FRAME_BYTES >= payloadReady(x) &&
+         x->done < MCCL_FRAME_BYTES + x->bytes;
+}
+
+/* Write what the socket takes of x's header and the payload that may go (payloadReady), from
+ * x->done on; *offered says how many bytes were offered. Returns the bytes written, or -1 with
+ * errno (EAGAIN: the socket is full). */
+static ssize_t frameWrite(int fd, mcclXfer* x, size_t* offered) {
   struct iovec iov[2];
   int niov = 0;
+  *offered = 0;
   if (x->done < MCCL_FRAME_BYTES) {
     iov[niov].iov_base = x->hdr + x->done;
     iov[niov].iov_len = MCCL_FRAME_BYTES - x->done;
+    *offered += iov[niov].iov_len;
     niov++;
   }
-  size_t pdone = x->done > MCCL_FRAME_BYTES ? x->done - MCCL_FRAME_BYTES : 0;
-  if (x->bytes > pdone) {
+  size_t pdone = x->done > MCCL_FRAME_BYTES ? x->done - MCCL_FRAME_BYTES : 0, ready = payloadReady(x);
+  if (ready > pdone) {
     iov[niov].iov_base = x->buf + pdone;
-    iov[niov].iov_len = x->bytes - pdone;
+    iov[niov].iov_len = ready - pdone;
+    *offered += iov[niov].iov_len;
     niov++;
   }
   struct msghdr msg;
@@ -143,6 +160,7 @@ static void traceWrite(mcclTransport* t, int peer, mcclConn* c, mcclXfer* x, ssi
 
 /* The send `x` may leave: its gates (if any) all completed. */
 static int gatesOpen(const mcclXfer* x) {
+  if (x->relay != NULL && payloadReady(x) == 0) return 0; /* its header waits for the first bytes */
   for (int i = 0; i < x->ngate; i++)
     if (!atomic_load(&x->gate[i].complete)) return 0;
   return 1;
@@ -187,9 +205,10 @@ static void creditWaits(mcclTransport* t, mcclConn* c, mcclXfer* h) {
   if (t->trace) h->t_credit = mcclNowNs();
 }
 
-static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate) {
+static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate, const mcclXfer* relay) {
   mcclConn* c = &t->conns[peer];
   mcclSender* s = t->sender;
+  x->relay = relay;
   x->gate = gate;
   x->ngate = gate != NULL ? ngate : 0;
   x->next = NULL;
@@ -215,7 +234,8 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
     /* The queue is empty and we hold the lock, so the thread is not writing this socket. What
      * does not fit (or fails) is queued below, from x->done on; the thread finds any error. */
     ssize_t n;
-    do n = frameWrite(c->fd, x);
+    size_t offered;
+    do n = frameWrite(c->fd, x, &offered);
     while (n < 0 && errno == EINTR);
     if (n > 0) x->done = (size_t)n;
     c->send_midframe = x->done > 0 && x->done < MCCL_FRAME_BYTES + x->bytes;
@@ -238,11 +258,18 @@ static void postSend(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, in
   }
 }
 
-void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) { postSend(t, peer, x, NULL, 0); }
+void mcclTransportPostSend(mcclTransport* t, int peer, mcclXfer* x) { postSend(t, peer, x, NULL, 0, NULL); }
 
 void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate) {
   for (int i = 0; i < ngate; i++) gate[i].gates_send = 1; /* completing wakes the sender (recvDone) */
-  postSend(t, peer, x, gate, ngate);
+  postSend(t, peer, x, gate, ngate, NULL);
+}
+
+void mcclTransportPostRelay(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* from) {
+  from->gates_send = 1; /* its bytes wake the sender thread (connRecv, recvDone) */
+  x->buf = from->buf;
+  x->bytes = from->bytes;
+  postSend(t, peer, x, NULL, 0, from);
 }
 
 /* The first frame behind a held head of `c` (headHeld) that may overtake it, and the one before
@@ -271,7 +298,7 @@ static mcclXfer* overtakerBehind(const mcclConn* c, mcclXfer** before) {
 static mcclXfer* nextSend(mcclTransport* t, int peer) {
   mcclConn* c = &t->conns[peer];
   mcclXfer* h = c->sq_head;
-  if (h == NULL) return NULL;
+  if (h == NULL || relayStarved(h)) return NULL; /* mid-frame: nothing may cut in */
   if (!headHeld(c)) {
     admit(t, peer, h);
     return h;
@@ -288,16 +315,21 @@ static mcclXfer* nextSend(mcclTransport* t, int peer) {
   return x;
 }
 
-/* A send of `c` may be written now (nextSend would find one). */
-static int sendable(const mcclConn* c) {
+/* A send of `c` may be written now (nextSend would find one). `writer`: the caller is the thread
+ * that writes `c` (the sender thread, or the owner when it writes), which alone may read how far
+ * the head is written (x->done), to see a relaying head starved; for the other thread such a head
+ * counts as sendable (the owner then only counts the link as busy). */
+static int sendable(const mcclConn* c, int writer) {
   mcclXfer* before;
-  return c->sq_head != NULL && (!headHeld(c) || overtakerBehind(c, &before) != NULL);
+  return c->sq_head != NULL && !(writer && relayStarved(c->sq_head)) &&
+         (!headHeld(c) || overtakerBehind(c, &before) != NULL);
 }
 
 /* Only credit holds `c`'s sends: its head's gates are open, and nothing may overtake it. The owner
- * then keeps reading that connection for the reports (progressRound). */
-static int creditHeld(const mcclConn* c) {
-  return c->sq_head != NULL && gatesOpen(c->sq_head) && !sendable(c);
+ * then keeps reading that connection for the reports (progressRound). `writer` as for sendable. */
+static int creditHeld(const mcclConn* c, int writer) {
+  return c->sq_head != NULL && gatesOpen(c->sq_head) && !(writer && relayStarved(c->sq_head)) &&
+         !sendable(c, writer);
 }
 
 void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
@@ -306,6 +338,7 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x) {
   x->done = 0;
   x->complete = 0;
   x->gates_send = 0;
+  atomic_store_explicit(&x->landed, 0, memory_order_relaxed);
   x->frame.type = MCCL_FRAME_DATA;
   x->frame.length = (uint32_t)x->bytes;
   x->t_first = 0;
@@ -328,8 +361,8 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
     mcclXfer* x = nextSend(t, peer); /* a held head holds the collective frames behind it */
     if (s != NULL) pthread_mutex_unlock(&s->mu);
     if (x == NULL) return 0;
-    size_t before = x->done;
-    ssize_t n = frameWrite(c->fd, x);
+    size_t before = x->done, offered;
+    ssize_t n = frameWrite(c->fd, x, &offered);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -352,7 +385,7 @@ static int connSend(mcclTransport* t, int peer, char* err, size_t cap, int* err_
       lostText(t, peer, "sending", &x->frame, errno, err, cap);
       return -1;
     }
-    traceWrite(t, peer, c, x, n, before, MCCL_FRAME_BYTES + x->bytes - before);
+    traceWrite(t, peer, c, x, n, before, offered);
     x->done += (size_t)n;
     c->send_midframe = x->done < MCCL_FRAME_BYTES + x->bytes;
     if (!c->send_midframe) {
@@ -396,7 +429,7 @@ static void* senderMain(void* arg) {
     while ((s->halted || atomic_load(&s->failed)) && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
     if (s->stop) break;
     s->busy = 1;
-    for (int r = 0; r < t->nranks; r++) s->queued[r] = sendable(&t->conns[r]) && t->conns[r].fd >= 0;
+    for (int r = 0; r < t->nranks; r++) s->queued[r] = sendable(&t->conns[r], 1) && t->conns[r].fd >= 0;
     pthread_mutex_unlock(&s->mu);
     int np = 0;
     for (int r = 0; r < t->nranks && !atomic_load(&s->failed); r++) {
@@ -568,6 +601,7 @@ static void creditPost(mcclTransport* t, int peer) {
   x->bytes = x->done = 0;
   x->gate = NULL;
   x->ngate = 0;
+  x->relay = NULL;
   x->admitted = 1;
   x->credit_wait = 0;
   x->t_credit = x->t_first = x->t_post = 0;
@@ -583,7 +617,8 @@ static void creditPost(mcclTransport* t, int peer) {
   if (c->sq_head == NULL && (s == NULL || !s->halted || t->owner_writes)) {
     /* Nobody is writing this socket (an empty queue, and the lock): write it now. */
     ssize_t n;
-    do n = frameWrite(c->fd, x);
+    size_t offered;
+    do n = frameWrite(c->fd, x, &offered);
     while (n < 0 && errno == EINTR);
     if (n > 0) x->done = (size_t)n;
     if (x->done == MCCL_FRAME_BYTES || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
@@ -636,11 +671,23 @@ static void readerStops(mcclTransport* t, int peer) {
     pipeWake(t->sender->wake[1], &t->sender->wake_pending);
 }
 
+/* `got` payload bytes of the receive `x` have landed (not all of them: recvDone says that). A
+ * send relaying it (mcclTransportPostRelay) may forward them: the sender thread is woken, or the
+ * owner writes them at the end of its round (relay_moved). */
+static void relayLanded(mcclTransport* t, mcclXfer* x, size_t got) {
+  atomic_store_explicit(&x->landed, got, memory_order_release);
+  if (!x->gates_send) return;
+  t->relay_moved = 1;
+  if (t->sender != NULL && !t->owner_writes) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
+}
+
 /* The head posted receive of `c` has all its bytes: complete it (the transport's last access),
  * and report what the receives took when a report is due. */
 static void recvDone(mcclTransport* t, mcclConn* c) {
   mcclXfer* x = c->rq_head;
   const int wake = x->gates_send && t->sender != NULL && !t->owner_writes;
+  atomic_store_explicit(&x->landed, x->bytes, memory_order_release);
+  if (x->gates_send) t->relay_moved = 1;
   c->rq_head = x->next;
   if (c->rq_head == NULL) c->rq_tail = NULL;
   c->credit.taken += x->bytes;
@@ -709,6 +756,7 @@ static mcclResult_t parkDrain(mcclTransport* t, int peer) {
     mcclParkPop(&c->park);
     popped = 1;
     if (arriving) { /* the rest of its payload goes to the receive itself */
+      if (got > 0) relayLanded(t, x, got);
       c->rx_mode = MCCL_RX_COLL;
       c->rx_dst = x->buf + got;
       c->rx_room = c->rx_left;
@@ -858,6 +906,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
       if (c->rx_dst) c->rx_dst += n;
       c->rx_left -= (size_t)n;
       c->rx_room -= (size_t)n;
+      if (c->rx_mode == MCCL_RX_COLL && c->rx_left > 0) relayLanded(t, c->rq_head, c->rq_head->bytes - c->rx_left);
       if (c->rx_mode == MCCL_RX_PARK) {
         mcclParkedFrame* e = mcclParkTail(&c->park);
         e->got += (size_t)n;
@@ -922,11 +971,12 @@ static void describeStall(mcclTransport* t) {
     }
   }
   if (snd != NULL) pthread_mutex_lock(&snd->mu);
+  const int writer = snd == NULL || t->owner_writes; /* else the sender thread writes (sendable) */
   int found = 0;
   for (int r = 0; r < t->nranks && !found; r++) {
     mcclConn* c = &t->conns[r];
     char desc[200];
-    if (creditHeld(c)) {
+    if (creditHeld(c, writer)) {
       mcclFrameDescribe(&c->sq_head->frame, desc, sizeof(desc));
       snprintf(t->error, sizeof(t->error),
                "timed out: rank %d was waiting for rank %d (%s) to take %s: its receives have not "
@@ -934,7 +984,7 @@ static void describeStall(mcclTransport* t) {
                "issued different collectives", t->rank, r, c->addr, desc,
                (unsigned long long)(atomic_load(&c->credit.sent) - atomic_load(&c->credit.granted)));
       found = 1;
-    } else if (sendable(c)) { /* a gated send waits for this rank's own receives, described above */
+    } else if (sendable(c, writer)) { /* a gated send waits for this rank's own receives, described above */
       mcclXfer* before;
       mcclXfer* x = !headHeld(c) ? c->sq_head : overtakerBehind(c, &before);
       mcclFrameDescribe(&x->frame, desc, sizeof(desc));
@@ -1002,15 +1052,15 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
   if (snd != NULL) {
     pthread_mutex_lock(&snd->mu);
     for (int r = 0; r < t->nranks; r++)
-      snd->owner_queued[r] = sendable(&t->conns[r]) ? 1 : creditHeld(&t->conns[r]) ? 2 : 0;
+      snd->owner_queued[r] = sendable(&t->conns[r], 0) ? 1 : creditHeld(&t->conns[r], 0) ? 2 : 0;
     pthread_mutex_unlock(&snd->mu);
   }
   int np = 0, busy = 0;
   for (int r = 0; r < t->nranks; r++) {
     mcclConn* c = &t->conns[r];
     if (r == t->rank) continue;
-    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] == 1 : sendable(c);
-    int held = snd != NULL ? snd->owner_queued[r] == 2 : creditHeld(c);
+    int need = wanted(t, r), wr = snd != NULL ? snd->owner_queued[r] == 1 : sendable(c, 1);
+    int held = snd != NULL ? snd->owner_queued[r] == 2 : creditHeld(c, 1);
     int rd = need || readAhead(c);
     if (!rd && !wr && !held) continue;
     busy |= need || wr || held;
@@ -1071,6 +1121,21 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
       int err_no = 0;
       if (connSend(t, peer, t->error, sizeof(t->error), &err_no) < 0) {
         connLost(&t->conns[peer], err_no);
+        return mcclRemoteError;
+      }
+    }
+  }
+  /* Bytes just read that relaying sends may forward (mcclTransportPostRelay) go now, rather than
+   * after another poll: that is the hop's latency a cut-through chain saves. */
+  if (snd == NULL && t->relay_moved) {
+    t->relay_moved = 0;
+    for (int r = 0; r < t->nranks; r++) {
+      mcclConn* c = &t->conns[r];
+      mcclXfer* h = c->sq_head;
+      if (h == NULL || h->relay == NULL || c->fd < 0 || c->dead || !sendable(c, 1)) continue;
+      int err_no = 0;
+      if (connSend(t, r, t->error, sizeof(t->error), &err_no) < 0) {
+        connLost(c, err_no);
         return mcclRemoteError;
       }
     }

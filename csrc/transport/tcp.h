@@ -6,7 +6,8 @@
  * the same order on every rank. A send may be gated on receives (mcclTransportPostAfter): it
  * keeps its place, and it and the collective sends behind it on its link wait until those have
  * arrived; a point-to-point frame queued behind it overtakes it (the receiver matches those by
- * (source, tag) order, core/p2p.c), in its own posting order.
+ * (source, tag) order, core/p2p.c), in its own posting order. A send may also relay a receive
+ * (mcclTransportPostRelay): it forwards that receive's payload as it lands (cut-through).
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
  * posted (inside a collective, or between collectives through mcclTransportReadAhead), while its
@@ -68,6 +69,10 @@ typedef struct mcclXfer {
                                      frame, and every send queued behind it on its link, may leave */
   int ngate;
   int gates_send;                 /* receive: a send waits for it (wake the sender thread) */
+  const struct mcclXfer* relay;   /* send: NULL, or the receive whose payload it forwards as it
+                                     lands (mcclTransportPostRelay): buf and bytes are its */
+  _Atomic size_t landed;          /* receive: payload bytes in buf so far (stored with release
+                                     after they land; a relaying send writes no further) */
   int admitted;                   /* send: chosen to be written next (its credit counted); from
                                      then on it is never overtaken (it may be partly written) */
   int credit_wait;                /* send: it found the credit at the bound (counted once) */
@@ -182,6 +187,8 @@ typedef struct mcclTransport {
   char self_addr[MCCL_ADDR_STRLEN];
   mcclP2pHooks p2p;               /* zeroed: no point-to-point traffic expected */
   int idle;                       /* the last progress round had nothing to poll */
+  int relay_moved;                /* this round landed bytes a relaying send may forward
+                                     (mcclTransportPostRelay): the owner writes them at once */
   int copy_handoff;               /* MCCL_SEND_THREAD_COPY: copy-only schedules hand their
                                      frames to the sender thread too */
   int owner_writes;               /* 1: with a sender thread, the owner writes every frame and the
@@ -282,6 +289,17 @@ void mcclTransportPostRecv(mcclTransport* t, int peer, mcclXfer* x);
  * meanwhile: an algorithm fixes the order of a link at once, while the frame's departure follows
  * other links' arrivals (the agreement's chain, algo.h). */
 void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* gate, int ngate);
+
+/* Cut-through forwarding: post `x` to carry the payload of the receive `from` (posted on this
+ * transport; x->buf and x->bytes are set to its buffer and length, x->frame is the header to
+ * send) as it lands, instead of after it completed. Its header leaves once the first payload
+ * bytes have arrived (so the incoming header was checked), and each write sends no more than has
+ * landed; the frame is then mid-write, so nothing else leaves on its link until the receive's
+ * bytes complete it. A chain's hop then costs a socket read's worth of bytes instead of a whole
+ * segment (algo/ring.c). `from` must stay posted, with its buffer untouched, until `x`
+ * completes; a failed receive leaves `x` half-written, which the failure path treats as any
+ * half-written frame (tcp_fail.c). */
+void mcclTransportPostRelay(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* from);
 
 /* One round: wait (until `deadline_ns` at most) for any posted transfer to make progress and move
  * as many bytes as the sockets take (with a sender thread: the receives; the sends move there).

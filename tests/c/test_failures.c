@@ -43,6 +43,42 @@ static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
   return 0;
 }
 
+/* The root of a chain broadcast (mcclAlgoRing) exits mid-stream: ranks 1 and 2 may hold a frame
+ * they forward as it lands, half-written (MCCL_CHAIN_RELAY, transport/tcp.h), when their upstream
+ * dies. Every survivor must fail within 5 s, naming a rank and the broadcast, never hang on the
+ * half-written frame. */
+static void* exitSoon(void* arg) {
+  harnessSleepUs((unsigned)(size_t)arg);
+  _exit(0);
+  return NULL;
+}
+
+static int chainRootExits(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  EXPECT_OK(comm, mcclBarrier(comm, NULL, NULL));
+  size_t count = (size_t)16 << 20; /* 64 MiB of floats: hundreds of frames per broadcast */
+  float* buf = calloc(count, sizeof(float));
+  pthread_t th;
+  if (r == 0 && pthread_create(&th, NULL, exitSoon, (void*)(size_t)40000) != 0) _exit(1);
+  mcclOpOptions_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.algorithm = mcclAlgoRing;
+  double start = seconds();
+  mcclResult_t res = mcclSuccess;
+  for (int i = 0; i < 1000 && res == mcclSuccess; i++)
+    res = mcclBroadcast(buf, count, mcclFloat32, 0, comm, &opts, NULL);
+  double took = seconds() - start;
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res == mcclRemoteError, "rank %d: expected a remote error, got %s (%s)", r, mcclGetErrorString(res), msg);
+  EXPECT(took < 5.0, "rank %d noticed after %.1f s", r, took);
+  EXPECT(strstr(msg, "rank") != NULL && strstr(msg, "broadcast") != NULL, "rank %d: message '%s'", r, msg);
+  mcclCommDestroy(comm);
+  free(buf);
+  return 0;
+}
+
 /* Rank 0 reduces 100 elements, rank 1 200: both must report a mismatch, outputs untouched on the
  * rank that detects it. */
 static int mismatch(int r, int n, mcclStore_t* store, void* arg) {
@@ -196,6 +232,9 @@ int main(void) {
   harnessRunRanks(3, 60, peerExits, NULL);
   printf("peer exits: %s\n", harness_failures ? "FAILED" : "ok");
   int before = harness_failures;
+  harnessRunRanks(4, 60, chainRootExits, NULL);
+  printf("chain broadcast's root exits: %s\n", harness_failures == before ? "ok" : "FAILED");
+  before = harness_failures;
   harnessRunRanks(2, 60, mismatch, NULL);
   printf("mismatch: %s\n", harness_failures == before ? "ok" : "FAILED");
   before = harness_failures;

@@ -2,8 +2,9 @@
  * test_select.c: choices of algo/select.c that are numbers, not kinds: the broadcast chain's
  * segment (mcclChainSegmentBytes) by size and world size, and chain broadcasts whose segment lies
  * strictly between the floor and MCCL_SEGMENT_BYTES, odd lengths included: every rank's bytes
- * equal the root's, exactly; and the all-reduce's choice among doubling, halving-doubling and the
- * ring by size and world size (the model's crossovers, select.c).
+ * equal the root's, exactly (relayed or not); the all-reduce's choice among doubling,
+ * halving-doubling and the ring, and the small broadcast's between the tree and
+ * scatter-allgather, by size and world size (the model's crossovers, select.c).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -39,7 +40,9 @@ static void testSegment(void) {
   expectSegment(4, 128 * K, (size_t)1 << 40, 128 * K);
 }
 
-static void expectAllReducePlanIn(int nranks, int ngroups, size_t bytes, mcclAlgorithm_t algo, mcclPlanKind want) {
+/* The plan select.c makes for `count` elements of `dtype` at the default MCCL_RING_THRESHOLD,
+ * MCCL_SEGMENT_BYTES (256 KiB) and MCCL_ALPHA_BETA (32 KiB). */
+static mcclPlanKind planOf(int nranks, int ngroups, mcclCollKind coll, mcclDataType_t dtype, size_t count, mcclAlgorithm_t algo) {
   mcclAlgoCtx ctx;
   memset(&ctx, 0, sizeof(ctx));
   ctx.nranks = nranks;
@@ -49,11 +52,15 @@ static void expectAllReducePlanIn(int nranks, int ngroups, size_t bytes, mcclAlg
   ctx.ngroups = ngroups;
   mcclOp op;
   memset(&op, 0, sizeof(op));
-  op.coll = MCCL_COLL_ALLREDUCE;
-  op.dtype = mcclFloat32;
-  op.count = bytes / 4;
+  op.coll = coll;
+  op.dtype = dtype;
+  op.count = count;
   op.algorithm = algo;
-  mcclPlanKind got = mcclAlgoSelect(&ctx, &op).kind;
+  return mcclAlgoSelect(&ctx, &op).kind;
+}
+
+static void expectAllReducePlanIn(int nranks, int ngroups, size_t bytes, mcclAlgorithm_t algo, mcclPlanKind want) {
+  mcclPlanKind got = planOf(nranks, ngroups, MCCL_COLL_ALLREDUCE, mcclFloat32, bytes / 4, algo);
   EXPECT(got == want, "all-reduce of %zu bytes on %d ranks in %d groups (algorithm %d): %s, want %s", bytes, nranks,
          ngroups, (int)algo, mcclPlanName(got), mcclPlanName(want));
 }
@@ -98,12 +105,33 @@ static void testAllReducePlans(void) {
   expectAllReducePlan(8, 128 * K, mcclAlgoTree, D);
 }
 
-/* Root 1 broadcasts `count` int32 values i * 7 + 3 (i < count) by the chain (MCCL_ALGO=ring), in
- * segments of mcclChainSegmentBytes: on 3 ranks 96 KiB, 100 KiB (the last segment 4 bytes) and
- * the 64 KiB floor; on 4 ranks the floor. */
+static void expectBroadcastPlan(int nranks, size_t bytes, mcclPlanKind want) {
+  mcclPlanKind got = planOf(nranks, 1, MCCL_COLL_BROADCAST, mcclUint8, bytes, mcclAlgoAuto);
+  EXPECT(got == want, "broadcast of %zu bytes on %d ranks: %s, want %s", bytes, nranks, mcclPlanName(got),
+         mcclPlanName(want));
+}
+
+/* The broadcast's plans below the ring threshold (alpha x beta 32 KiB): scatter-allgather once
+ * (L n - 2(n-1)) S > n alpha beta (8 ranks: above 25.6 KiB; 4 ranks: above 64 KiB), compared in
+ * integers; the binomial tree below it, and on 2 ranks. */
+static void testBroadcastPlans(void) {
+  const size_t K = 1024;
+  const mcclPlanKind T = MCCL_PLAN_TREE, SA = MCCL_PLAN_SCATTER_ALLGATHER;
+  expectBroadcastPlan(8, 1, T);
+  expectBroadcastPlan(8, 25 * K, T);
+  expectBroadcastPlan(8, 26 * K, SA);
+  expectBroadcastPlan(4, 64 * K, T);  /* 2 x 64 KiB = 4 x 32 KiB: not above */
+  expectBroadcastPlan(4, 65 * K, SA);
+  expectBroadcastPlan(2, 200 * K, T);
+}
+
+/* Root 1 broadcasts `count` int32 values i * 7 + 3 (i < count) by the chain (MCCL_ALGO=ring).
+ * With arg "0" (MCCL_CHAIN_RELAY=0), in segments of mcclChainSegmentBytes: on 3 ranks 96 KiB,
+ * 100 KiB (the last segment 4 bytes) and the 64 KiB floor; on 4 ranks the floor. With "1", in
+ * relayed frames of MCCL_SEGMENT_BYTES, the last one short. */
 static int chainRank(int rank, int nranks, mcclStore_t* store, void* arg) {
-  (void)arg;
   harnessSetenv("MCCL_ALGO", "ring");
+  harnessSetenv("MCCL_CHAIN_RELAY", (const char*)arg);
   mcclComm_t comm = harnessCommInit(rank, nranks, store);
   if (comm == NULL) return 1;
   int bad = 0;
@@ -127,10 +155,12 @@ static int chainRank(int rank, int nranks, mcclStore_t* store, void* arg) {
 
 int main(void) {
   testSegment();
-  EXPECT(harnessRunRanks(3, 120, chainRank, NULL) == 0, "chain broadcasts on 3 ranks, exact");
-  EXPECT(harnessRunRanks(4, 120, chainRank, NULL) == 0, "chain broadcasts on 4 ranks, exact");
+  EXPECT(harnessRunRanks(3, 120, chainRank, "0") == 0, "store-and-forward chain broadcasts on 3 ranks, exact");
+  EXPECT(harnessRunRanks(4, 120, chainRank, "0") == 0, "store-and-forward chain broadcasts on 4 ranks, exact");
+  EXPECT(harnessRunRanks(4, 120, chainRank, "1") == 0, "relayed chain broadcasts on 4 ranks, exact");
   /* After the ranks: mcclAlgoSelect reads MCCL_ALGO once per process, and forked ranks would
    * inherit that reading (chainRank sets MCCL_ALGO=ring). */
   testAllReducePlans();
+  testBroadcastPlans();
   return harnessExit("test_select");
 }

@@ -126,6 +126,7 @@ def _set_on_last_rank(var: str, value: str, rank: int, world_size: int) -> None:
 @pytest.mark.parametrize("var, value", [
     ("MCCL_ALPHA_BETA", "1M"), ("MCCL_ALGO", "ring"), ("MCCL_SEGMENT_BYTES", "64K"),
     ("MCCL_RING_THRESHOLD", "1M"), ("MCCL_ANNOUNCE_RANKS", "0"), ("MCCL_RUNTIME_CONNECT", "1"),
+    ("MCCL_CHAIN_RELAY", "0"),
 ])
 def test_a_setting_that_differs_between_ranks_fails_every_rank_at_init(var, value):
     """The promise in docs/ENVIRONMENT.md: a variable every rank must be given alike, set on one
