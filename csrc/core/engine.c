@@ -62,6 +62,19 @@ void mcclRequestFinish(struct mcclRequest* req, mcclResult_t res, const char* ms
 }
 
 static mcclResult_t runAlgorithm(struct mcclComm* comm, const mcclOp* op) {
+  /* A collective of no elements moves nothing, but on several ranks it still checks that every
+   * rank issued it (the announcements, algo.h): a rank that issues 0 elements where the others
+   * issue more then fails with the mismatch as they do, instead of returning at once while they
+   * time out naming it (or mismatch on its next collective). Up to MCCL_ANNOUNCE_RANKS ranks it
+   * hears from and sends to every rank, so every rank it may block learns of the mismatch at
+   * once. All-to-allv's counts are per pair (op->v): it runs as it is. */
+  if (op->count == 0 && op->v == NULL && op->coll != MCCL_COLL_BARRIER && comm->nranks > 1) {
+    mcclAnnouncement ann;
+    MCCLCHECK(mcclAnnounceStart(&comm->algo, op, &ann, 1));
+    mcclResult_t res = mcclAnnounceWait(&comm->algo, op, &ann);
+    mcclAnnounceEnd(&ann);
+    return res;
+  }
   switch (op->coll) {
     case MCCL_COLL_ALLREDUCE: return mcclAlgoAllReduce(&comm->algo, op);
     case MCCL_COLL_BROADCAST: return mcclAlgoBroadcast(&comm->algo, op);

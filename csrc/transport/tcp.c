@@ -22,8 +22,9 @@
 /* The sending side on a thread of its own (mcclTransportStartSender). The owner appends to the
  * send queues and the sender thread pops them, both under `mu`. A socket, x->done and
  * c->send_midframe are written by the sender thread while the queue is not empty, and by the
- * owner only under `mu` with the queue empty (small frames, mcclTransportPostSend). Whoever
- * finishes a transfer sets x->complete after its last access to x. */
+ * owner only under `mu` with the queue empty (small frames, mcclTransportPostSend), or while the
+ * thread is halted and the owner writes (owner_writes: mcclTransportHalt waited for its pass to
+ * end). Whoever finishes a transfer sets x->complete after its last access to x. */
 struct mcclSender {
   pthread_t thread;
   pthread_mutex_t mu;
@@ -158,7 +159,8 @@ static void traceWrite(mcclTransport* t, int peer, mcclConn* c, mcclXfer* x, ssi
   if ((size_t)n < offered) c->t_full = now; /* a short write: the socket is full again */
 }
 
-/* The send `x` may leave: its gates (if any) all completed. */
+/* The send `x` may leave: its gates (if any) all completed, and a relaying send's receive has
+ * landed its first bytes (its header was checked). */
 static int gatesOpen(const mcclXfer* x) {
   if (x->relay != NULL && payloadReady(x) == 0) return 0; /* its header waits for the first bytes */
   for (int i = 0; i < x->ngate; i++)
@@ -681,7 +683,8 @@ static void relayLanded(mcclTransport* t, mcclXfer* x, size_t got) {
   if (t->sender != NULL && !t->owner_writes) pipeWake(t->sender->wake[1], &t->sender->wake_pending);
 }
 
-/* The head posted receive of `c` has all its bytes: complete it (the transport's last access),
+/* The head posted receive of `c` has all its bytes: complete it (the transport's last access
+ * but for a send relaying it, which reads `landed` and the buffer until it completes itself),
  * and report what the receives took when a report is due. */
 static void recvDone(mcclTransport* t, mcclConn* c) {
   mcclXfer* x = c->rq_head;

@@ -7,7 +7,9 @@
  * keeps its place, and it and the collective sends behind it on its link wait until those have
  * arrived; a point-to-point frame queued behind it overtakes it (the receiver matches those by
  * (source, tag) order, core/p2p.c), in its own posting order. A send may also relay a receive
- * (mcclTransportPostRelay): it forwards that receive's payload as it lands (cut-through).
+ * (mcclTransportPostRelay): it forwards that receive's payload as it lands (cut-through); once
+ * its first bytes are written it is mid-frame, and nothing overtakes it, point-to-point frames
+ * and credit reports included, until its receive has landed whole.
  *
  * Flow control: a connection is read while a receive is posted on it, and also, with nothing
  * posted (inside a collective, or between collectives through mcclTransportReadAhead), while its
@@ -63,7 +65,8 @@ typedef struct mcclXfer {
   size_t bytes;                   /* payload bytes (== frame.length) */
   size_t done;                    /* header + payload bytes moved so far */
   atomic_int complete;            /* set last, after the transport's final access: from then on
-                                     the owner may reuse or free the transfer */
+                                     the owner may reuse or free the transfer (a receive that a
+                                     send relays: once that send is complete too) */
   struct mcclXfer* gate;          /* send: NULL, or `ngate` receives in an array
                                      (mcclTransportPostAfter) that must all complete before this
                                      frame, and every send queued behind it on its link, may leave */
@@ -296,9 +299,11 @@ void mcclTransportPostAfter(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* g
  * bytes have arrived (so the incoming header was checked), and each write sends no more than has
  * landed; the frame is then mid-write, so nothing else leaves on its link until the receive's
  * bytes complete it. A chain's hop then costs a socket read's worth of bytes instead of a whole
- * segment (algo/ring.c). `from` must stay posted, with its buffer untouched, until `x`
- * completes; a failed receive leaves `x` half-written, which the failure path treats as any
- * half-written frame (tcp_fail.c). */
+ * segment (with MCCL_RECV_LOWAT set, that many bytes; algo/ring.c). `from` must stay posted,
+ * with its buffer untouched, until `x` completes, even after `from` itself completed. A failed
+ * receive leaves `x` half-written, which the failure path treats as any half-written frame
+ * (tcp_fail.c: no ABORT frame after it, only the connection's close, so the next rank names
+ * this one, not the cause). In a trace, the send's span includes its waits for the receive. */
 void mcclTransportPostRelay(mcclTransport* t, int peer, mcclXfer* x, mcclXfer* from);
 
 /* One round: wait (until `deadline_ns` at most) for any posted transfer to make progress and move

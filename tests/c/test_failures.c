@@ -45,8 +45,8 @@ static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
 
 /* The root of a chain broadcast (mcclAlgoRing) exits mid-stream: ranks 1 and 2 may hold a frame
  * they forward as it lands, half-written (MCCL_CHAIN_RELAY, transport/tcp.h), when their upstream
- * dies. Every survivor must fail within 5 s, naming a rank and the broadcast, never hang on the
- * half-written frame. */
+ * dies. Every survivor must fail within 5 s, naming a rank (rank 1: the root) and the broadcast,
+ * never hang on the half-written frame. */
 static void* exitSoon(void* arg) {
   harnessSleepUs((unsigned)(size_t)arg);
   _exit(0);
@@ -74,8 +74,55 @@ static int chainRootExits(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT(res == mcclRemoteError, "rank %d: expected a remote error, got %s (%s)", r, mcclGetErrorString(res), msg);
   EXPECT(took < 5.0, "rank %d noticed after %.1f s", r, took);
   EXPECT(strstr(msg, "rank") != NULL && strstr(msg, "broadcast") != NULL, "rank %d: message '%s'", r, msg);
+  /* The root's neighbour names the root; further down, a rank whose upstream was mid-relay hears
+   * only a close (no ABORT frame may follow half a frame) and names that upstream rank. */
+  if (r == 1) EXPECT(strstr(msg, "rank 0 (") != NULL, "rank 1 does not name the root: '%s'", msg);
   mcclCommDestroy(comm);
   free(buf);
+  return 0;
+}
+
+/* Rank 1 issues a collective of 0 elements where the others issue 1000: every rank must fail
+ * with the mismatch within 5 s (a 20 s timeout), not return at once on rank 1 while the others
+ * time out. Per collective kind (arg: 0 all-reduce, 1 broadcast, 2 all-gather). */
+static int zeroCount(int r, int n, mcclStore_t* store, void* arg) {
+  const int kind = (int)(size_t)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  int32_t in[1000], out[1000 * 4];
+  for (int i = 0; i < 1000; i++) in[i] = 7;
+  mcclOpOptions_t opts;
+  memset(&opts, 0, sizeof(opts));
+  opts.timeout_ms = 20000;
+  size_t count = r == 1 ? 0 : 1000;
+  double start = seconds();
+  mcclResult_t res = kind == 0 ? mcclAllReduce(in, out, count, mcclInt32, mcclSum, comm, &opts, NULL)
+                     : kind == 1 ? mcclBroadcast(out, count, mcclInt32, 0, comm, &opts, NULL)
+                                 : mcclAllGather(in, out, count, mcclInt32, comm, &opts, NULL);
+  double took = seconds() - start;
+  const char* msg = mcclGetLastError(comm);
+  EXPECT(res == mcclMismatch || res == mcclRemoteError, "kind %d rank %d (count %zu): got %s (%s)", kind, r, count,
+         mcclGetErrorString(res), msg);
+  EXPECT(strstr(msg, "mismatch") != NULL, "kind %d rank %d: message '%s' does not say mismatch", kind, r, msg);
+  EXPECT(took < 5.0, "kind %d rank %d failed after %.1f s", kind, r, took);
+  mcclCommDestroy(comm);
+  return 0;
+}
+
+/* Every rank issues collectives of 0 elements: each succeeds (and checks that all ranks issued it). */
+static int zeroCountEverywhere(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  int32_t buf[4] = {1, 2, 3, 4};
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, 0, mcclInt32, mcclSum, comm, NULL, NULL));
+  EXPECT_OK(comm, mcclBroadcast(buf, 0, mcclInt32, n - 1, comm, NULL, NULL));
+  EXPECT_OK(comm, mcclAllGather(buf, buf, 0, mcclInt32, comm, NULL, NULL));
+  EXPECT_OK(comm, mcclReduce(buf, buf, 0, mcclInt32, mcclSum, 0, comm, NULL, NULL));
+  EXPECT(buf[0] == 1 && buf[3] == 4, "rank %d: a collective of 0 elements wrote the buffer", r);
+  EXPECT_OK(comm, mcclAllReduce(buf, buf, 4, mcclInt32, mcclSum, comm, NULL, NULL));
+  EXPECT(buf[0] == n && buf[3] == 4 * n, "rank %d: sum %d %d after the empty ones", r, buf[0], buf[3]);
+  mcclCommDestroy(comm);
   return 0;
 }
 
@@ -234,6 +281,15 @@ int main(void) {
   int before = harness_failures;
   harnessRunRanks(4, 60, chainRootExits, NULL);
   printf("chain broadcast's root exits: %s\n", harness_failures == before ? "ok" : "FAILED");
+  for (size_t kind = 0; kind < 3; kind++) {
+    before = harness_failures;
+    harnessRunRanks(3, 60, zeroCount, (void*)kind);
+    printf("0 elements on one rank (%s): %s\n", kind == 0 ? "all-reduce" : kind == 1 ? "broadcast" : "all-gather",
+           harness_failures == before ? "ok" : "FAILED");
+  }
+  before = harness_failures;
+  harnessRunRanks(3, 60, zeroCountEverywhere, NULL);
+  printf("0 elements everywhere: %s\n", harness_failures == before ? "ok" : "FAILED");
   before = harness_failures;
   harnessRunRanks(2, 60, mismatch, NULL);
   printf("mismatch: %s\n", harness_failures == before ? "ok" : "FAILED");
