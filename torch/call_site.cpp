@@ -31,8 +31,13 @@ uint32_t fnv1a(const std::string& s) {
 // held.
 std::string packageDir(const char* name) {
   std::string dir;
-  PyObject* module = PyImport_AddModule(name);  // borrowed (created empty if not imported)
+  PyObject* key = PyUnicode_FromString(name);
+  // A new reference to the imported module, or nullptr (never creates one, unlike
+  // PyImport_AddModule).
+  PyObject* module = key != nullptr ? PyImport_GetModule(key) : nullptr;
+  Py_XDECREF(key);
   PyObject* file = module != nullptr ? PyObject_GetAttrString(module, "__file__") : nullptr;
+  Py_XDECREF(module);
   const char* path = file != nullptr && PyUnicode_Check(file) ? PyUnicode_AsUTF8(file) : nullptr;
   if (path != nullptr) {
     dir = path;

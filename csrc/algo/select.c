@@ -20,19 +20,39 @@ const char* mcclPlanName(mcclPlanKind kind) {
 static pthread_once_t forced_once = PTHREAD_ONCE_INIT;
 static mcclAlgorithm_t forced = mcclAlgoAuto;
 
+/* MCCL_ALGO's values (any case); each algorithm's first name is the one logs and init records use. */
+static const struct {
+  const char* name;
+  mcclAlgorithm_t algo;
+} kAlgoNames[] = {{"ring", mcclAlgoRing},
+                  {"tree", mcclAlgoTree},
+                  {"doubling", mcclAlgoTree},
+                  {"twolevel", MCCL_ALGO_TWO_LEVEL},
+                  {"two-level", MCCL_ALGO_TWO_LEVEL},
+                  {"halving", mcclAlgoHalvingDoubling},
+                  {"halving-doubling", mcclAlgoHalvingDoubling}};
+
 static void readForced(void) {
   const char* v = mcclParamString("MCCL_ALGO");
   if (v == NULL || v[0] == '\0') return;
-  if (strcasecmp(v, "ring") == 0) forced = mcclAlgoRing;
-  else if (strcasecmp(v, "tree") == 0 || strcasecmp(v, "doubling") == 0) forced = mcclAlgoTree;
-  else if (strcasecmp(v, "twolevel") == 0 || strcasecmp(v, "two-level") == 0) forced = MCCL_ALGO_TWO_LEVEL;
-  else if (strcasecmp(v, "halving") == 0 || strcasecmp(v, "halving-doubling") == 0) forced = mcclAlgoHalvingDoubling;
-  else WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling', 'twolevel' or 'halving'; the algorithms are chosen by size", v);
+  for (size_t i = 0; i < sizeof(kAlgoNames) / sizeof(kAlgoNames[0]); i++)
+    if (strcasecmp(v, kAlgoNames[i].name) == 0) {
+      forced = kAlgoNames[i].algo;
+      return;
+    }
+  WARN("MCCL_ALGO=%s is not 'ring', 'tree', 'doubling', 'twolevel' or 'halving'; the algorithms are chosen by size", v);
 }
 
 mcclAlgorithm_t mcclAlgoForced(void) {
   pthread_once(&forced_once, readForced);
   return forced;
+}
+
+const char* mcclAlgoForcedName(void) {
+  const mcclAlgorithm_t a = mcclAlgoForced();
+  for (size_t i = 0; i < sizeof(kAlgoNames) / sizeof(kAlgoNames[0]); i++)
+    if (kAlgoNames[i].algo == a) return kAlgoNames[i].name;
+  return "auto";
 }
 
 int mcclAlgoAnnounceAll(const mcclAlgoCtx* ctx) { return ctx->nranks <= ctx->announce_ranks; }

@@ -85,5 +85,8 @@ const char* mcclPlanName(mcclPlanKind kind);
  * collectives take the ring), any case; another value is a warning and
  * changes nothing. A per-call option other than mcclAlgoAuto wins over it. Read once. */
 mcclAlgorithm_t mcclAlgoForced(void);
+/* MCCL_ALGO as this process uses it: "ring", "tree", "twolevel", "halving", or "auto" (unset or
+ * not understood). */
+const char* mcclAlgoForcedName(void);
 
 #endif

@@ -382,9 +382,7 @@ static void recordTerminate(rankRecord* rec) {
  * and ranks that differ would fail later with a frame that names no variable, or wait on peers that
  * never dial. Space-separated NAME=VALUE pairs, in a fixed order. */
 static void jobSettings(int nranks, char* out, size_t cap) {
-  const mcclAlgorithm_t forced = mcclAlgoForced();
-  const char* algo = forced == mcclAlgoRing ? "ring" : forced == mcclAlgoTree ? "tree"
-                     : forced == MCCL_ALGO_TWO_LEVEL ? "twolevel" : forced == mcclAlgoHalvingDoubling ? "halving" : "auto";
+  const char* algo = mcclAlgoForcedName();
   int64_t runtime_connect = mcclParamInt("MCCL_RUNTIME_CONNECT");
   if (runtime_connect < 0) runtime_connect = nranks > mcclParamInt("MCCL_ANNOUNCE_RANKS");
   snprintf(out, cap, "MCCL_ALGO=%s MCCL_RING_THRESHOLD=%lld MCCL_SEGMENT_BYTES=%lld MCCL_ALPHA_BETA=%lld "

@@ -166,6 +166,15 @@ def ring_time(size, n, p: Params, op: str = "all_reduce"):
     return p.overhead + ring_steps(op, n) * ring_step(np.asarray(size, dtype=float) / n, p)
 
 
+def power_fold(n: int) -> tuple[int, int, int]:
+    """(L, P, f) for n >= 1 ranks: P = 2^L the largest power of two <= n, and f = 2 when n is
+    not one (the fold into and out of P that recursive doubling and halving-doubling add,
+    ``csrc/algo/doubling.c``), else 0."""
+    L = int(n).bit_length() - 1
+    P = 1 << L
+    return L, P, 2 if P < n else 0
+
+
 def doubling_rounds(n) -> np.ndarray:
     """Rounds of recursive doubling on n ranks: log2(n) for a power of two, else floor(log2 n) + 2
     (the fold into and out of the largest power of two, as ``csrc/algo/doubling.c`` does)."""
@@ -173,8 +182,8 @@ def doubling_rounds(n) -> np.ndarray:
     out = np.zeros(n.shape, dtype=float)
     for idx, v in np.ndenumerate(n):
         if v > 1:
-            L = int(v).bit_length() - 1
-            out[idx] = L if (1 << L) == v else L + 2
+            L, _, f = power_fold(int(v))
+            out[idx] = L + f
     return out if out.shape else float(out)
 
 
@@ -198,9 +207,7 @@ def halving_time(size, n, p: Params) -> float:
     n = int(n)
     if n < 2:
         return p.overhead
-    L = n.bit_length() - 1
-    P = 1 << L
-    f = 2 if P < n else 0
+    L, P, f = power_fold(n)
     return p.overhead + (2 * L + f) * p.alpha + (2 * (P - 1) / P + f) * float(size) / p.beta
 
 
@@ -392,11 +399,9 @@ def _halving_chosen(size: int, count: int, n: int, kind: str, env: dict) -> bool
     from MCCL_TOPOLOGY or subnets elsewhere are not known to the file)."""
     raw = env.get("MCCL_ALPHA_BETA")
     ab = DEFAULT_ALPHA_BETA if raw is None else libmccl_size(raw, DEFAULT_ALPHA_BETA, 1, 1 << 40)
-    L = n.bit_length() - 1
-    p = 1 << L
+    L, p, f = power_fold(n)  # select.c's halvingBeats, in the same exact integer form
     if L < 2 or count < p:
         return False
-    f = 2 if p < n else 0  # select.c's halvingBeats, in the same exact integer form
     if kind == "ring":
         return size // n <= ab and size * (2 * (p - 1) * n + f * p * n - 2 * (n - 1) * p) < \
             (2 * (n - 1) - 2 * L - f) * p * n * ab
