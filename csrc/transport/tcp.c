@@ -1002,6 +1002,15 @@ static void describeStall(mcclTransport* t) {
   if (!found) snprintf(t->error, sizeof(t->error), "timed out");
 }
 
+/* The owner writes `peer`'s queue (no sender thread, or it is halted) until the socket is full;
+ * a write error marks the connection dead and fails the round. */
+static mcclResult_t ownerSend(mcclTransport* t, int peer) {
+  int err_no = 0;
+  if (connSend(t, peer, t->error, sizeof(t->error), &err_no) >= 0) return mcclSuccess;
+  connLost(&t->conns[peer], err_no);
+  return mcclRemoteError;
+}
+
 static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_int* abort_flag) {
   mcclSender* snd = t->sender;
   if (snd != NULL && atomic_load(&snd->failed)) return senderFailed(t);
@@ -1120,13 +1129,7 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     if (re == 0) continue;
     int peer = t->pfd_peer[k];
     if (re & (POLLIN | POLLERR | POLLHUP)) MCCLCHECK(connRecv(t, peer));
-    if (snd == NULL && (re & (POLLOUT | POLLERR | POLLHUP))) {
-      int err_no = 0;
-      if (connSend(t, peer, t->error, sizeof(t->error), &err_no) < 0) {
-        connLost(&t->conns[peer], err_no);
-        return mcclRemoteError;
-      }
-    }
+    if (snd == NULL && (re & (POLLOUT | POLLERR | POLLHUP))) MCCLCHECK(ownerSend(t, peer));
   }
   /* Bytes just read that relaying sends may forward (mcclTransportPostRelay) go now, rather than
    * after another poll: that is the hop's latency a cut-through chain saves. */
@@ -1136,11 +1139,7 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
       mcclConn* c = &t->conns[r];
       mcclXfer* h = c->sq_head;
       if (h == NULL || h->relay == NULL || c->fd < 0 || c->dead || !sendable(c, 1)) continue;
-      int err_no = 0;
-      if (connSend(t, r, t->error, sizeof(t->error), &err_no) < 0) {
-        connLost(c, err_no);
-        return mcclRemoteError;
-      }
+      MCCLCHECK(ownerSend(t, r));
     }
   }
   return mcclSuccess;
