@@ -200,7 +200,7 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
     if (req->op.v != NULL)
       for (int p = 0; p < comm->nranks; p++) bytes = req->op.v[p] > bytes ? req->op.v[p] : bytes;
     bytes *= mcclDataTypeSize(req->op.dtype);
-    mcclTransportCollectiveBegin(&comm->tp, bytes, req->op.coll == MCCL_COLL_ALLTOALL);
+    mcclTransportCollectiveBegin(&comm->tp, req->op.seq, bytes, req->op.coll == MCCL_COLL_ALLTOALL);
     res = runPremul(comm, req);
     mcclTransportCollectiveEnd(&comm->tp, res);
   }

@@ -703,17 +703,31 @@ static void recvDone(mcclTransport* t, mcclConn* c) {
   if (mcclCreditDue(&c->credit)) creditPost(t, (int)(c - t->conns));
 }
 
+/* Is the peeked header `h` a failure notice whose sender did not complete the collective in
+ * progress (t->running)? Then it concerns that collective, which mcclTransportSettle would fail
+ * anyway: read it now, so that a rank blocked on another blocked rank learns of it at once. A
+ * notice from a sender that completed it (it failed a later one) waits, as between collectives. */
+static int noticeNow(const mcclTransport* t, const uint8_t* h) {
+  mcclFrame f;
+  char why[300];
+  if (t->running == 0 || h[4] != MCCL_FRAME_ABORT) return 0;
+  if (mcclFrameHeaderCheck(h, t->p2p.arrive != NULL, &f, why, sizeof(why)) != MCCL_WIRE_OK) return 0;
+  return f.seq < t->running;
+}
+
 /* Reading ahead: look at the next header without taking it, and take it only when it is a
- * collective frame that fits the park, or a CREDIT frame. Returns 1 when c->rhdr now holds it, 0 when nothing may be
- * read now (the socket is empty, or its next bytes are not for the park: ahead_stop is set). */
-static int aheadHeader(mcclConn* c) {
+ * collective frame that fits the park, a CREDIT frame, or a failure notice for the collective in
+ * progress (noticeNow). Returns 1 when c->rhdr now holds it, 0 when nothing may be read now (the
+ * socket is empty, or its next bytes are not for the park: ahead_stop is set). */
+static int aheadHeader(const mcclTransport* t, mcclConn* c) {
   ssize_t n;
   do n = recv(c->fd, c->rhdr, MCCL_FRAME_BYTES, MSG_PEEK | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  int credit = n == MCCL_FRAME_BYTES && c->rhdr[4] == MCCL_FRAME_CREDIT; /* read at once, never parked */
+  /* read at once, never parked: credits, and a notice for this collective */
+  int now = n == MCCL_FRAME_BYTES && (c->rhdr[4] == MCCL_FRAME_CREDIT || noticeNow(t, c->rhdr));
   if (n != MCCL_FRAME_BYTES || mcclGet32(c->rhdr) != MCCL_WIRE_MAGIC ||
-      (!credit && (c->rhdr[4] != MCCL_FRAME_DATA || !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))))) {
+      (!now && (c->rhdr[4] != MCCL_FRAME_DATA || !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))))) {
     c->ahead_stop = 1; /* a close, an error, a partial header or another frame: its reader decides */
     return 0;
   }
@@ -853,7 +867,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
     int reading = c->rx_mode == MCCL_RX_HEADER || (c->rx_mode != MCCL_RX_PEEKED && c->rx_left > 0);
     ssize_t n = 0;
     if (c->rx_mode == MCCL_RX_HEADER && c->rhdr_got == 0 && !need) {
-      if (!aheadHeader(c)) {
+      if (!aheadHeader(t, c)) {
         if (c->ahead_stop) readerStops(t, peer);
         return mcclSuccess;
       }
@@ -1196,7 +1210,11 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
  * inline anyway: postSend). */
 enum { kLoadWindowNs = 50 * 1000000, kLoadMinBytes = 1 << 20 };
 
-void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes, int overlap) {
+void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, int overlap) {
+  t->running = seq + 1;
+  /* A link that stopped reading ahead at a notice (between collectives, or during an earlier
+   * one) looks at it again: it may concern this collective (aheadHeader). */
+  for (int r = 0; r < t->nranks; r++) t->conns[r].ahead_stop = 0;
   t->load_t0 = 0;
   if (t->sender == NULL || t->load_pct == 0) return;
   if (overlap) { /* not measured: the thread writes it whatever the load */
@@ -1230,6 +1248,7 @@ int mcclLoadRuleWant(int helped, int64_t pct, int load_pct, int* low) {
 
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res) {
   mcclSender* s = t->sender;
+  t->running = 0;
   if (t->load_lent) { /* back to the owner (after an error too: the thread stays halted then) */
     t->load_lent = 0;
     if (s != NULL) ownerWrites(t, 1);

@@ -219,6 +219,10 @@ typedef struct mcclTransport {
   int silent_ms;                  /* how long that linger listened, in ms */
   uint64_t settled;               /* collectives this rank completed (mcclTransportSettle): the
                                      ABORT frames of mcclTransportFail carry it */
+  uint64_t running;               /* 1 + the run-order number of the collective in progress
+                                     (mcclTransportCollectiveBegin), 0 between collectives: a
+                                     notice read ahead that its sender did not complete that one
+                                     fails it at once (tcp.c, aheadHeader) */
   struct mcclTrace* trace;        /* the owner's recorder (core/trace.h), or NULL: frames' send,
                                      receive, waits and full sockets are recorded there */
 } mcclTransport;
@@ -356,8 +360,12 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
  * (8 emulated hosts, 16 MiB, 5 Gbit/s) had it at 96.6% of goodput with the thread and 84.3%
  * without at a load far under the bound. Owner thread only, around each collective
  * (core/engine.c); no-ops without a sender thread. End with the collective's result: after an
- * error the writing changes hands no more (a lent collective's goes back, the thread halted). */
-void mcclTransportCollectiveBegin(mcclTransport* t, size_t bytes, int overlap);
+ * error the writing changes hands no more (a lent collective's goes back, the thread halted).
+ * `seq`: the collective's run-order number. From Begin to End, a peer's failure notice that says
+ * its sender did not complete collective `seq` fails it as soon as the notice arrives, read ahead
+ * on a link nothing is posted on (otherwise it would wait for mcclTransportSettle, or for the
+ * timeout where this rank is blocked on another rank that is itself blocked). */
+void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, int overlap);
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res);
 
 /* The load rule's decision after a window that used `pct` % of a core (load_pct > 0, the bound):

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "../../csrc/core/param.h"
 
 static double seconds(void) {
   struct timespec ts;
@@ -89,7 +90,7 @@ static int zeroCount(int r, int n, mcclStore_t* store, void* arg) {
   const int kind = (int)(size_t)arg;
   mcclComm_t comm = harnessCommInit(r, n, store);
   if (comm == NULL) return 1;
-  int32_t in[1000], out[1000 * 4];
+  int32_t in[1000], out[1000 * 8];
   for (int i = 0; i < 1000; i++) in[i] = 7;
   mcclOpOptions_t opts;
   memset(&opts, 0, sizeof(opts));
@@ -287,6 +288,21 @@ int main(void) {
     printf("0 elements on one rank (%s): %s\n", kind == 0 ? "all-reduce" : kind == 1 ? "broadcast" : "all-gather",
            harness_failures == before ? "ok" : "FAILED");
   }
+  /* The same above MCCL_ANNOUNCE_RANKS, where the announcements are dissemination rounds: a rank
+   * blocked on a peer that is itself blocked still learns of the mismatch from a third rank's
+   * failure notice, read ahead during the collective (tcp.c, aheadHeader). */
+  harnessSetenv("MCCL_ANNOUNCE_RANKS", "2");
+  for (size_t kind = 0; kind < 3; kind++) {
+    before = harness_failures;
+    harnessRunRanks(6, 60, zeroCount, (void*)kind);
+    printf("0 elements on one rank of 6, dissemination (%s): %s\n",
+           kind == 0 ? "all-reduce" : kind == 1 ? "broadcast" : "all-gather", harness_failures == before ? "ok" : "FAILED");
+  }
+  before = harness_failures;
+  harnessRunRanks(6, 60, zeroCountEverywhere, NULL);
+  printf("0 elements everywhere on 6 ranks, dissemination: %s\n", harness_failures == before ? "ok" : "FAILED");
+  unsetenv("MCCL_ANNOUNCE_RANKS");
+  mcclParamReload();
   before = harness_failures;
   harnessRunRanks(3, 60, zeroCountEverywhere, NULL);
   printf("0 elements everywhere: %s\n", harness_failures == before ? "ok" : "FAILED");

@@ -279,6 +279,53 @@ static void testNoticeNotReadAhead(int behind_parked) {
   rigClose(&lb);
 }
 
+/* During collective #0 (mcclTransportCollectiveBegin) a notice from a rank that did not complete
+ * it is read ahead and fails the collective at once, naming the rank and its reason, on a link
+ * where nothing is posted; one from a rank that completed #0 (behind its parked frame of #1)
+ * waits for #1. A notice that arrived between collectives is looked at again when #0 begins. */
+static void testNoticeDuringCollective(int behind_parked, int before_begin) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  Wire w = {0};
+  char payload[128] = {0};
+  if (behind_parked) {
+    mcclFrame f = testDataFrame(0, sizeof(payload), 1);
+    wireAdd(&w, &f, payload);
+  }
+  const char reason[] = "boom";
+  mcclFrame a;
+  memset(&a, 0, sizeof(a));
+  a.type = MCCL_FRAME_ABORT;
+  a.seq = behind_parked ? 1 : 0;
+  a.length = sizeof(reason) - 1;
+  wireAdd(&w, &a, reason);
+  mcclResult_t res = mcclSuccess;
+  if (before_begin) { /* it arrives between collectives: left in the socket */
+    for (int round = 0; round < 20; round++) {
+      wirePump(&w, lb.peer_fd);
+      EXPECT(progress(&lb) == mcclSuccess, "progress between collectives: %s", lb.tp.error);
+    }
+    EXPECT(c->ahead_stop == 1 && !c->dead, "between collectives the notice waits (ahead_stop %d)", c->ahead_stop);
+  }
+  mcclTransportCollectiveBegin(&lb.tp, 0, 0, 0);
+  for (int round = 0; round < 20 && res == mcclSuccess; round++) {
+    wirePump(&w, lb.peer_fd);
+    res = progress(&lb);
+  }
+  if (behind_parked) {
+    EXPECT(res == mcclSuccess && c->park.qlen == 1 && !c->dead, "a notice behind collective #1's frame waits: %s (%s)",
+           mcclGetErrorString(res), lb.tp.error);
+  } else {
+    EXPECT(res == mcclRemoteError && strstr(lb.tp.error, "rank 1") != NULL && strstr(lb.tp.error, "boom") != NULL,
+           "the notice fails collective #0 at once: %s: %s", mcclGetErrorString(res), lb.tp.error);
+    EXPECT(c->dead, "rank 1 is marked failed");
+  }
+  mcclTransportCollectiveEnd(&lb.tp, res);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
 /* A peer that sent a frame and closed: the frame is parked, the close is not read ahead; the
  * receive for the frame completes, and only a receive for more fails, naming the close. */
 static void testCloseAfterParked(void) {
@@ -636,6 +683,9 @@ int main(void) {
   testParkedMismatch();
   testNoticeNotReadAhead(0);
   testNoticeNotReadAhead(1);
+  testNoticeDuringCollective(0, 0);
+  testNoticeDuringCollective(0, 1);
+  testNoticeDuringCollective(1, 0);
   testCloseAfterParked();
   testCreditBound();
   testCreditBlind();
