@@ -19,7 +19,8 @@
  * Credits (below) keep a sender's lead within the park bound, so the park rarely fills.
  *
  * Only DATA frames (collectives) are parked here; point-to-point messages have their own park
- * (core/p2p.c), and failure notices are never read ahead (tcp_fail.c, mcclTransportSettle).
+ * (core/p2p.c), and a failure notice is read ahead only during a collective its sender did not
+ * complete (tcp.c, aheadHeader), which it then fails; otherwise mcclTransportSettle sees it.
  * Everything runs on the transport owner's thread.
  */
 #ifndef MCCL_PARK_H_

@@ -1212,8 +1212,8 @@ enum { kLoadWindowNs = 50 * 1000000, kLoadMinBytes = 1 << 20 };
 
 void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, int overlap) {
   t->running = seq + 1;
-  /* A link that stopped reading ahead at a notice (between collectives, or during an earlier
-   * one) looks at it again: it may concern this collective (aheadHeader). */
+  /* Links that stopped reading ahead (at a notice between collectives or from a later one, or at
+   * a frame the park could not take) look again: a notice there may concern this collective. */
   for (int r = 0; r < t->nranks; r++) t->conns[r].ahead_stop = 0;
   t->load_t0 = 0;
   if (t->sender == NULL || t->load_pct == 0) return;

@@ -19,8 +19,9 @@
  * first, until the receiver's CREDIT frames say its receives took enough. While the owner is
  * not reading a connection (it holds a frame that no receive or park can take), it cannot see
  * reports on it, and sends to that peer fall back to TCP's window (bounded by the socket
- * buffers), as with MCCL_CREDITS=0. Failure notices and point-to-point frames are
- * never read ahead. Point-to-point messages
+ * buffers), as with MCCL_CREDITS=0. Point-to-point frames are never read ahead, failure notices
+ * only during a collective their sender did not complete (which they then fail at once: otherwise
+ * a rank blocked on another blocked rank would wait for its timeout). Point-to-point messages
  * that arrive before their receive are parked by the owner (core/p2p.c) within a byte budget per
  * peer; past it the owner holds the next message's header (MCCL_ARRIVE_HOLD) and the connection
  * is not read again until the owner takes it, which is TCP backpressure again.

@@ -7,8 +7,9 @@
  * ahead into the park up to its bound and no further (and by an idle engine too, between
  * collectives), handed to receives posted later in arrival
  * order with their bytes exact, checked against those receives as frames read directly are (a
- * mismatch fails naming the field), and failure notices, closes and frames that do not fit are
- * never read ahead (mcclTransportSettle still sees the notice). Then credits (park.h): a sender stops
+ * mismatch fails naming the field), and closes, frames that do not fit and failure notices outside
+ * a collective are never read ahead (mcclTransportSettle still sees the notice), while a notice
+ * during a collective its sender did not complete fails it at once. Then credits (park.h): a sender stops
  * at the window until reports come, and goes on without them while its reader is stopped; a
  * receiver reports every MCCL_CREDIT_CHUNK its receives take, and a report does not hide a notice.
  * Last, 4 ranks of which one enters an all-reduce 1 s late: no rank's RSS grows by more than its
@@ -240,7 +241,7 @@ static void testParkedMismatch(void) {
   rigClose(&lb);
 }
 
-/* A failure notice is never read ahead: it stays in the socket for mcclTransportSettle, which
+/* Outside a collective a failure notice is never read ahead: it stays in the socket for mcclTransportSettle, which
  * fails the collective the notice's sender did not complete; behind a parked frame of the next
  * collective it cannot concern this one. */
 static void testNoticeNotReadAhead(int behind_parked) {
