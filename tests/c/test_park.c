@@ -241,6 +241,23 @@ static void testParkedMismatch(void) {
   rigClose(&lb);
 }
 
+/* Rank 1's failure notice "boom": from a rank that completed no collective, or (behind_parked)
+ * behind a frame of collective #1, from a rank that completed #0. */
+static void noticeWire(Wire* w, int behind_parked) {
+  char payload[128] = {0};
+  if (behind_parked) {
+    mcclFrame f = testDataFrame(0, sizeof(payload), 1); /* collective #1's: the peer completed #0 */
+    wireAdd(w, &f, payload);
+  }
+  const char reason[] = "boom";
+  mcclFrame a;
+  memset(&a, 0, sizeof(a));
+  a.type = MCCL_FRAME_ABORT;
+  a.seq = behind_parked ? 1 : 0; /* collectives its sender completed */
+  a.length = sizeof(reason) - 1;
+  wireAdd(w, &a, reason);
+}
+
 /* Outside a collective a failure notice is never read ahead: it stays in the socket for mcclTransportSettle, which
  * fails the collective the notice's sender did not complete; behind a parked frame of the next
  * collective it cannot concern this one. */
@@ -249,18 +266,7 @@ static void testNoticeNotReadAhead(int behind_parked) {
   EXPECT(rigOpen(&lb) == 0, "rig");
   mcclConn* c = &lb.tp.conns[1];
   Wire w = {0};
-  char payload[128] = {0};
-  if (behind_parked) {
-    mcclFrame f = testDataFrame(0, sizeof(payload), 1); /* collective #1's: the peer completed #0 */
-    wireAdd(&w, &f, payload);
-  }
-  const char reason[] = "boom";
-  mcclFrame a;
-  memset(&a, 0, sizeof(a));
-  a.type = MCCL_FRAME_ABORT;
-  a.seq = behind_parked ? 1 : 0; /* collectives its sender completed */
-  a.length = sizeof(reason) - 1;
-  wireAdd(&w, &a, reason);
+  noticeWire(&w, behind_parked);
   for (int round = 0; round < 20; round++) {
     wirePump(&w, lb.peer_fd);
     EXPECT(progress(&lb) == mcclSuccess, "progress: %s", lb.tp.error);
@@ -289,18 +295,7 @@ static void testNoticeDuringCollective(int behind_parked, int before_begin) {
   EXPECT(rigOpen(&lb) == 0, "rig");
   mcclConn* c = &lb.tp.conns[1];
   Wire w = {0};
-  char payload[128] = {0};
-  if (behind_parked) {
-    mcclFrame f = testDataFrame(0, sizeof(payload), 1);
-    wireAdd(&w, &f, payload);
-  }
-  const char reason[] = "boom";
-  mcclFrame a;
-  memset(&a, 0, sizeof(a));
-  a.type = MCCL_FRAME_ABORT;
-  a.seq = behind_parked ? 1 : 0;
-  a.length = sizeof(reason) - 1;
-  wireAdd(&w, &a, reason);
+  noticeWire(&w, behind_parked);
   mcclResult_t res = mcclSuccess;
   if (before_begin) { /* it arrives between collectives: left in the socket */
     for (int round = 0; round < 20; round++) {
