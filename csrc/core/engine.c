@@ -200,8 +200,12 @@ static void runRequest(struct mcclComm* comm, struct mcclRequest* req) {
     if (req->op.v != NULL)
       for (int p = 0; p < comm->nranks; p++) bytes = req->op.v[p] > bytes ? req->op.v[p] : bytes;
     bytes *= mcclDataTypeSize(req->op.dtype);
-    mcclTransportCollectiveBegin(&comm->tp, req->op.seq, bytes, req->op.coll == MCCL_COLL_ALLTOALL);
-    res = runPremul(comm, req);
+    mcclOp as_run = req->op; /* the header fields of its frames (runPremul runs PREMUL_SUM as a sum) */
+    if (as_run.op == mcclPremulSum) as_run.op = mcclSum;
+    mcclFrame id;
+    mcclAlgoFrame(&as_run, &id, 0, 0, 0);
+    res = mcclTransportCollectiveBegin(&comm->tp, &id, bytes, req->op.coll == MCCL_COLL_ALLTOALL);
+    if (res == mcclSuccess) res = runPremul(comm, req);
     mcclTransportCollectiveEnd(&comm->tp, res);
   }
   /* Consistent failure: a peer whose notice that it failed this collective is already here makes

@@ -47,6 +47,8 @@ mcclParkedFrame* mcclParkHead(mcclPark* p) { return p->qlen ? &p->q[p->qhead] : 
 
 mcclParkedFrame* mcclParkTail(mcclPark* p) { return p->qlen ? &p->q[(p->qhead + p->qlen - 1) % p->qcap] : NULL; }
 
+mcclParkedFrame* mcclParkAt(mcclPark* p, int i) { return &p->q[(p->qhead + i) % p->qcap]; }
+
 void mcclParkSpan(const mcclPark* p, const mcclParkedFrame* e, char** dst, size_t* room) {
   size_t left = e->frame.length - e->got;
   if (left == 0) {

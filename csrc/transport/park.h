@@ -65,6 +65,8 @@ mcclParkedFrame* mcclParkPush(mcclPark* p, const mcclFrame* f);
 /* The oldest parked frame, or NULL; the newest (the one whose payload may still be arriving). */
 mcclParkedFrame* mcclParkHead(mcclPark* p);
 mcclParkedFrame* mcclParkTail(mcclPark* p);
+/* The i-th oldest parked frame, 0 <= i < qlen. */
+mcclParkedFrame* mcclParkAt(mcclPark* p, int i);
 
 /* Where the next payload bytes of the newest frame `e` go: *dst and *room (the contiguous bytes
  * there, up to what the frame still lacks; 0 once whole). */

@@ -703,29 +703,51 @@ static void recvDone(mcclTransport* t, mcclConn* c) {
   if (mcclCreditDue(&c->credit)) creditPost(t, (int)(c - t->conns));
 }
 
-/* Is the peeked header `h` a failure notice whose sender did not complete the collective in
- * progress (t->running)? Then it concerns that collective, which mcclTransportSettle would fail
- * anyway: read it now, so that a rank blocked on another blocked rank learns of it at once. A
- * notice from a sender that completed it (it failed a later one) waits, as between collectives. */
-static int noticeNow(const mcclTransport* t, const uint8_t* h) {
-  mcclFrame f;
+/* Is `got` a frame of the collective in progress (t->running) that says its sender issued another
+ * collective in its place (mcclTransportCollectiveBegin)? Then `want` is the header it should
+ * have had (with got's step, offset, length and count, which are not compared). */
+static int otherCollective(const mcclTransport* t, const mcclFrame* got, mcclFrame* want) {
+  if (t->running == 0 || got->type != MCCL_FRAME_DATA || got->seq != t->running - 1) return 0;
+  *want = t->running_id;
+  want->step = got->step;
+  want->offset = got->offset;
+  want->length = got->length;
+  want->count = got->count;
+  return mcclFrameMatch(got, want, NULL, 0) != MCCL_WIRE_OK;
+}
+
+/* A collective frame's header has arrived, whether or not its receive is posted: fail the
+ * collective in progress with mcclMismatch if the frame says its sender issued another one. */
+static mcclResult_t sameCollective(mcclTransport* t, int peer, const mcclFrame* got) {
+  mcclFrame want;
+  return otherCollective(t, got, &want) ? frameCheck(t, peer, got, &want) : mcclSuccess;
+}
+
+/* Must the peeked header `h` be read now, although nothing waits for it? A CREDIT frame, a
+ * failure notice whose sender did not complete the collective in progress (it concerns that
+ * collective, which mcclTransportSettle would fail anyway: read now, a rank blocked on another
+ * blocked rank learns of it at once), and a frame of the collective in progress that says its
+ * sender issued another collective (sameCollective fails it). A notice from a sender that
+ * completed it (it failed a later one) waits, as between collectives. */
+static int readNow(const mcclTransport* t, const uint8_t* h) {
+  mcclFrame f, want;
   char why[300];
-  if (t->running == 0 || h[4] != MCCL_FRAME_ABORT) return 0;
-  if (mcclFrameHeaderCheck(h, t->p2p.arrive != NULL, &f, why, sizeof(why)) != MCCL_WIRE_OK) return 0;
-  return f.seq < t->running;
+  if (h[4] == MCCL_FRAME_CREDIT) return 1;
+  if (t->running == 0 || mcclFrameHeaderCheck(h, t->p2p.arrive != NULL, &f, why, sizeof(why)) != MCCL_WIRE_OK)
+    return 0;
+  return (f.type == MCCL_FRAME_ABORT && f.seq < t->running) || otherCollective(t, &f, &want);
 }
 
 /* Reading ahead: look at the next header without taking it, and take it only when it is a
- * collective frame that fits the park, a CREDIT frame, or a failure notice for the collective in
- * progress (noticeNow). Returns 1 when c->rhdr now holds it, 0 when nothing may be read now (the
- * socket is empty, or its next bytes are not for the park: ahead_stop is set). */
+ * collective frame that fits the park, or one that must be read now (readNow). Returns 1 when
+ * c->rhdr now holds it, 0 when nothing may be read now (the socket is empty, or its next bytes
+ * are not for the park: ahead_stop is set). */
 static int aheadHeader(const mcclTransport* t, mcclConn* c) {
   ssize_t n;
   do n = recv(c->fd, c->rhdr, MCCL_FRAME_BYTES, MSG_PEEK | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  /* read at once, never parked: credits, and a notice for this collective */
-  int now = n == MCCL_FRAME_BYTES && (c->rhdr[4] == MCCL_FRAME_CREDIT || noticeNow(t, c->rhdr));
+  int now = n == MCCL_FRAME_BYTES && readNow(t, c->rhdr); /* never parked */
   if (n != MCCL_FRAME_BYTES || mcclGet32(c->rhdr) != MCCL_WIRE_MAGIC ||
       (!now && (c->rhdr[4] != MCCL_FRAME_DATA || !mcclParkFits(&c->park, mcclGet32(c->rhdr + 32))))) {
     c->ahead_stop = 1; /* a close, an error, a partial header or another frame: its reader decides */
@@ -899,6 +921,7 @@ static mcclResult_t connRecv(mcclTransport* t, int peer) {
         snprintf(t->error, sizeof(t->error), "rank %d (%s) sent %s", peer, c->addr, why);
         return mcclProtocolError;
       }
+      MCCLCHECK(sameCollective(t, peer, &c->rx_frame)); /* (DATA frames of the collective in progress) */
       if (c->rx_frame.type == MCCL_FRAME_ABORT) {
         c->rx_mode = MCCL_RX_ABORT;
         c->rx_dst = c->abort_reason;
@@ -1210,11 +1233,8 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes) {
  * inline anyway: postSend). */
 enum { kLoadWindowNs = 50 * 1000000, kLoadMinBytes = 1 << 20 };
 
-void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, int overlap) {
-  t->running = seq + 1;
-  /* Links that stopped reading ahead (at a notice between collectives or from a later one, or at
-   * a frame the park could not take) look again: a notice there may concern this collective. */
-  for (int r = 0; r < t->nranks; r++) t->conns[r].ahead_stop = 0;
+/* The load rule's part of mcclTransportCollectiveBegin. */
+static void loadBegin(mcclTransport* t, size_t bytes, int overlap) {
   t->load_t0 = 0;
   if (t->sender == NULL || t->load_pct == 0) return;
   if (overlap) { /* not measured: the thread writes it whatever the load */
@@ -1228,6 +1248,23 @@ void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, 
   if (t->load_pct > 0 && bytes < kLoadMinBytes) return;
   t->load_cpu0 = mcclThreadCpuNs() + atomic_load(&t->sender->cpu_ns);
   t->load_t0 = mcclNowNs();
+}
+
+mcclResult_t mcclTransportCollectiveBegin(mcclTransport* t, const mcclFrame* id, size_t bytes, int overlap) {
+  t->running = id->seq + 1;
+  t->running_id = *id;
+  loadBegin(t, bytes, overlap);
+  for (int r = 0; r < t->nranks; r++) {
+    mcclConn* c = &t->conns[r];
+    /* Links that stopped reading ahead (at a notice between collectives or from a later one, or
+     * at a frame the park could not take) look again: it may concern this collective. */
+    c->ahead_stop = 0;
+    /* Frames of this collective that arrived before it began (read ahead while idle, or a header
+     * held for its receive) are checked now, as those arriving from now on will be. */
+    for (int i = 0; i < c->park.qlen; i++) MCCLCHECK(sameCollective(t, r, &mcclParkAt(&c->park, i)->frame));
+    if (c->rx_mode == MCCL_RX_PEEKED) MCCLCHECK(sameCollective(t, r, &c->rx_frame));
+  }
+  return mcclSuccess;
 }
 
 int mcclLoadRuleWant(int helped, int64_t pct, int load_pct, int* low) {

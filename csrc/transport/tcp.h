@@ -224,6 +224,8 @@ typedef struct mcclTransport {
                                      (mcclTransportCollectiveBegin), 0 between collectives: a
                                      notice read ahead that its sender did not complete that one
                                      fails it at once (tcp.c, aheadHeader) */
+  mcclFrame running_id;           /* while running: the header fields every frame of that
+                                     collective carries (kind, dtype, op, root, seq, call site) */
   struct mcclTrace* trace;        /* the owner's recorder (core/trace.h), or NULL: frames' send,
                                      receive, waits and full sockets are recorded there */
 } mcclTransport;
@@ -362,11 +364,19 @@ void mcclTransportCopySchedule(mcclTransport* t, int on, size_t frame_bytes);
  * without at a load far under the bound. Owner thread only, around each collective
  * (core/engine.c); no-ops without a sender thread. End with the collective's result: after an
  * error the writing changes hands no more (a lent collective's goes back, the thread halted).
- * `seq`: the collective's run-order number. From Begin to End, a peer's failure notice that says
- * its sender did not complete collective `seq` fails it as soon as the notice arrives, read ahead
- * on a link nothing is posted on (otherwise it would wait for mcclTransportSettle, or for the
- * timeout where this rank is blocked on another rank that is itself blocked). */
-void mcclTransportCollectiveBegin(mcclTransport* t, uint64_t seq, size_t bytes, int overlap);
+ * `id`: a header of the collective's frames (mcclAlgoFrame; its seq is the run-order number, and
+ * step, offset, length and count are not looked at). From Begin to End, what arrives from a peer
+ * about this collective is acted on as soon as it arrives, even on a link nothing is posted on
+ * (read ahead), rather than when a receive for it is posted (which may be never, or after the
+ * timeout where this rank is blocked on another rank that is itself blocked):
+ *  - a failure notice that says its sender did not complete collective seq fails it (as
+ *    mcclTransportSettle would);
+ *  - a frame with its seq but another kind, dtype, op, root or call site (its sender issued
+ *    another collective in that place) fails it with mcclMismatch; Begin itself returns that
+ *    error for such a frame that arrived before (parked). Counts are not compared here
+ *    (an algorithm's phases may send frames of another count: the reduce-scatter by doubling
+ *    sends the whole array's); a posted receive compares every field. */
+mcclResult_t mcclTransportCollectiveBegin(mcclTransport* t, const mcclFrame* id, size_t bytes, int overlap);
 void mcclTransportCollectiveEnd(mcclTransport* t, mcclResult_t res);
 
 /* The load rule's decision after a window that used `pct` % of a core (load_pct > 0, the bound):

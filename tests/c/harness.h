@@ -71,6 +71,9 @@ extern int harness_store_port;
  * child inherits what it read (core/param.h); this sets the variable and reads them all again. */
 void harnessSetenv(const char* name, const char* value);
 
+/* Seconds on the monotonic clock (for deadlines and "failed within" checks). */
+double harnessSeconds(void);
+
 /* Inside a child: report a digest for cross-rank comparison. */
 void harnessReport(uint64_t digest);
 

@@ -304,7 +304,8 @@ static void testNoticeDuringCollective(int behind_parked, int before_begin) {
     }
     EXPECT(c->ahead_stop == 1 && !c->dead, "between collectives the notice waits (ahead_stop %d)", c->ahead_stop);
   }
-  mcclTransportCollectiveBegin(&lb.tp, 0, 0, 0);
+  const mcclFrame id = testDataFrame(0, 0, 0); /* collective #0: an all-reduce */
+  EXPECT(mcclTransportCollectiveBegin(&lb.tp, &id, 0, 0) == mcclSuccess, "begin: %s", lb.tp.error);
   for (int round = 0; round < 20 && res == mcclSuccess; round++) {
     wirePump(&w, lb.peer_fd);
     res = progress(&lb);
@@ -318,6 +319,52 @@ static void testNoticeDuringCollective(int behind_parked, int before_begin) {
     EXPECT(c->dead, "rank 1 is marked failed");
   }
   mcclTransportCollectiveEnd(&lb.tp, res);
+  free(w.bytes);
+  rigClose(&lb);
+}
+
+/* During collective #0 (an all-reduce), frames that arrive before their receive are checked
+ * against it at once: rank 1's frame of an all-gather #0 (it issued another collective in that
+ * place) fails the collective with a mismatch naming the kinds, whether the frame fits the park or
+ * not (`big`: larger than the park, left unread before); a frame of the same collective with
+ * another count (an algorithm's phase) is parked, as is any frame of collective #1. `early`: the
+ * frame arrives before the collective begins (parked unchecked while idle, or left in the socket
+ * when big); then mcclTransportCollectiveBegin (small) or the first progress (big) fails. */
+static void testOtherCollectiveAtOnce(int big, int same, int early) {
+  Rig lb;
+  EXPECT(rigOpen(&lb) == 0, "rig");
+  mcclConn* c = &lb.tp.conns[1];
+  c->park.cap = 2 * SEG;
+  Wire w = {0};
+  const uint32_t len = big ? 3 * SEG : 256;
+  char* payload = calloc(1, len);
+  mcclFrame f = testDataFrame(0, len, same == 2 ? 1 : 0);
+  if (same == 1) f.count = 3 << 20; /* the same collective, another phase's count */
+  else if (same == 0) f.coll = MCCL_COLL_ALLGATHER;
+  wireAdd(&w, &f, payload);
+  const mcclFrame id = testDataFrame(0, 0, 0);
+  for (int round = 0; early && round < 20; round++) {
+    wirePump(&w, lb.peer_fd);
+    EXPECT(progress(&lb) == mcclSuccess, "idle progress: %s", lb.tp.error);
+  }
+  EXPECT(!early || c->park.qlen == (big ? 0 : 1), "parked %d before the collective", c->park.qlen);
+  mcclResult_t res = mcclTransportCollectiveBegin(&lb.tp, &id, 0, 0);
+  EXPECT(res == (early && !big && !same ? mcclMismatch : mcclSuccess), "begin: %s: %s", mcclGetErrorString(res),
+         lb.tp.error);
+  for (int round = 0; round < 20 && res == mcclSuccess; round++) {
+    wirePump(&w, lb.peer_fd);
+    res = progress(&lb);
+  }
+  if (same) {
+    EXPECT(res == mcclSuccess && c->park.qlen == (big ? 0 : 1), "%s, %s: %s (%s), parked %d",
+           same == 1 ? "another count" : "collective #1", big ? "big" : "small", mcclGetErrorString(res),
+           lb.tp.error, c->park.qlen);
+  } else {
+    EXPECT(res == mcclMismatch && strstr(lb.tp.error, "coll") != NULL && strstr(lb.tp.error, "rank 1") != NULL,
+           "another collective (%s): %s: %s", big ? "big" : "small", mcclGetErrorString(res), lb.tp.error);
+  }
+  mcclTransportCollectiveEnd(&lb.tp, res);
+  free(payload);
   free(w.bytes);
   rigClose(&lb);
 }
@@ -682,6 +729,9 @@ int main(void) {
   testNoticeDuringCollective(0, 0);
   testNoticeDuringCollective(0, 1);
   testNoticeDuringCollective(1, 0);
+  for (int big = 0; big < 2; big++)
+    for (int same = 0; same < 3; same++)
+      for (int early = 0; early < 2; early++) testOtherCollectiveAtOnce(big, same, early);
   testCloseAfterParked();
   testCreditBound();
   testCreditBlind();
