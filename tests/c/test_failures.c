@@ -291,6 +291,8 @@ int main(void) {
   /* The same above MCCL_ANNOUNCE_RANKS, where the announcements are dissemination rounds: a rank
    * blocked on a peer that is itself blocked still learns of the mismatch from a third rank's
    * failure notice, read ahead during the collective (tcp.c, aheadHeader). */
+  const char* announce = getenv("MCCL_ANNOUNCE_RANKS"); /* (make ctest's third pass sets it: put it back) */
+  char* was = announce != NULL ? strdup(announce) : NULL;
   harnessSetenv("MCCL_ANNOUNCE_RANKS", "2");
   for (size_t kind = 0; kind < 3; kind++) {
     before = harness_failures;
@@ -301,8 +303,12 @@ int main(void) {
   before = harness_failures;
   harnessRunRanks(6, 60, zeroCountEverywhere, NULL);
   printf("0 elements everywhere on 6 ranks, dissemination: %s\n", harness_failures == before ? "ok" : "FAILED");
-  unsetenv("MCCL_ANNOUNCE_RANKS");
-  mcclParamReload();
+  if (was != NULL) harnessSetenv("MCCL_ANNOUNCE_RANKS", was);
+  else {
+    unsetenv("MCCL_ANNOUNCE_RANKS");
+    mcclParamReload();
+  }
+  free(was);
   before = harness_failures;
   harnessRunRanks(3, 60, zeroCountEverywhere, NULL);
   printf("0 elements everywhere: %s\n", harness_failures == before ? "ok" : "FAILED");
