@@ -9,14 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/param.h"
 #include "harness.h"
-#include "../../csrc/core/param.h"
-
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Rank n-1 exits right after a barrier; the others must fail within 5 s naming a peer. */
 static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
@@ -27,11 +21,11 @@ static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
   if (r == n - 1) _exit(0);
   size_t count = 1 << 20;
   float* buf = calloc(count, sizeof(float));
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = mcclSuccess;
   for (int i = 0; i < 100 && res == mcclSuccess; i++)
     res = mcclAllReduce(buf, buf, count, mcclFloat32, mcclSum, comm, NULL, NULL);
-  double took = seconds() - start;
+  double took = harnessSeconds() - start;
   const char* msg = mcclGetLastError(comm);
   EXPECT(res == mcclRemoteError, "rank %d: expected a remote error, got %s", r, mcclGetErrorString(res));
   EXPECT(took < 5.0, "rank %d noticed after %.1f s", r, took);
@@ -66,11 +60,11 @@ static int chainRootExits(int r, int n, mcclStore_t* store, void* arg) {
   mcclOpOptions_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.algorithm = mcclAlgoRing;
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = mcclSuccess;
   for (int i = 0; i < 1000 && res == mcclSuccess; i++)
     res = mcclBroadcast(buf, count, mcclFloat32, 0, comm, &opts, NULL);
-  double took = seconds() - start;
+  double took = harnessSeconds() - start;
   const char* msg = mcclGetLastError(comm);
   EXPECT(res == mcclRemoteError, "rank %d: expected a remote error, got %s (%s)", r, mcclGetErrorString(res), msg);
   EXPECT(took < 5.0, "rank %d noticed after %.1f s", r, took);
@@ -96,11 +90,11 @@ static int zeroCount(int r, int n, mcclStore_t* store, void* arg) {
   memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = 20000;
   size_t count = r == 1 ? 0 : 1000;
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = kind == 0 ? mcclAllReduce(in, out, count, mcclInt32, mcclSum, comm, &opts, NULL)
                      : kind == 1 ? mcclBroadcast(out, count, mcclInt32, 0, comm, &opts, NULL)
                                  : mcclAllGather(in, out, count, mcclInt32, comm, &opts, NULL);
-  double took = seconds() - start;
+  double took = harnessSeconds() - start;
   const char* msg = mcclGetLastError(comm);
   EXPECT(res == mcclMismatch || res == mcclRemoteError, "kind %d rank %d (count %zu): got %s (%s)", kind, r, count,
          mcclGetErrorString(res), msg);
@@ -156,9 +150,9 @@ static int stalled(int r, int n, mcclStore_t* store, void* arg) {
   mcclOpOptions_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.timeout_ms = 300;
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = mcclAllReduce(buf, buf, 16, mcclFloat32, mcclSum, comm, &opts, NULL);
-  double took = seconds() - start;
+  double took = harnessSeconds() - start;
   const char* msg = mcclGetLastError(comm);
   if (r == 0) {
     EXPECT(res == mcclTimeout, "rank 0: got %s", mcclGetErrorString(res));
@@ -266,9 +260,9 @@ static int aborts(int r, int n, mcclStore_t* store, void* arg) {
   abortArg a = {comm};
   pthread_t t;
   pthread_create(&t, NULL, abortLater, &a);
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = mcclWait(req, 5000);
-  double took = seconds() - start;
+  double took = harnessSeconds() - start;
   EXPECT(res == mcclAborted, "rank 0: got %s", mcclGetErrorString(res));
   EXPECT(took < 1.5, "abort took %.2f s to unblock the waiter", took);
   pthread_join(t, NULL);

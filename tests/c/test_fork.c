@@ -33,12 +33,6 @@
 #define UNDER_TSAN 0
 #endif
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* An all-reduce SUM of `count` floats, rank r contributing (i % 13) + r: exact. */
 static void allReduceExact(mcclComm_t comm, int r, int n, size_t count, mcclAlgorithm_t algo, const char* what) {
   float* buf = calloc(count + 1, sizeof(float));
@@ -73,21 +67,21 @@ static void expectForkError(mcclResult_t res, double took, const char* call) {
 static int childMain(mcclComm_t inherited, int r, int n) {
   int before = harness_failures;
   float x[4] = {1, 2, 3, 4};
-  double t = seconds();
+  double t = harnessSeconds();
   mcclResult_t res = mcclAllReduce(x, x, 4, mcclFloat32, mcclSum, inherited, NULL, NULL);
-  expectForkError(res, seconds() - t, "mcclAllReduce");
+  expectForkError(res, harnessSeconds() - t, "mcclAllReduce");
   EXPECT(x[0] == 1 && x[3] == 4, "child: the failed all-reduce wrote its buffer");
   mcclRequest_t req = NULL;
-  t = seconds();
+  t = harnessSeconds();
   res = mcclAllReduce(x, x, 4, mcclFloat32, mcclSum, inherited, NULL, &req);
-  expectForkError(res, seconds() - t, "mcclAllReduce (non-blocking)");
+  expectForkError(res, harnessSeconds() - t, "mcclAllReduce (non-blocking)");
   EXPECT(req == NULL, "child: a request was returned for a failed call");
-  t = seconds();
-  expectForkError(mcclBarrier(inherited, NULL, NULL), seconds() - t, "mcclBarrier");
-  t = seconds();
-  expectForkError(mcclBroadcast(x, 4, mcclFloat32, 0, inherited, NULL, NULL), seconds() - t, "mcclBroadcast");
-  t = seconds();
-  expectForkError(mcclSend(x, 4, mcclFloat32, (r + 1) % n, 0, inherited, NULL, NULL), seconds() - t, "mcclSend");
+  t = harnessSeconds();
+  expectForkError(mcclBarrier(inherited, NULL, NULL), harnessSeconds() - t, "mcclBarrier");
+  t = harnessSeconds();
+  expectForkError(mcclBroadcast(x, 4, mcclFloat32, 0, inherited, NULL, NULL), harnessSeconds() - t, "mcclBroadcast");
+  t = harnessSeconds();
+  expectForkError(mcclSend(x, 4, mcclFloat32, (r + 1) % n, 0, inherited, NULL, NULL), harnessSeconds() - t, "mcclSend");
   int value = -1;
   expectForkError(mcclCommRank(inherited, &value), 0, "mcclCommRank");
   expectForkError(mcclCommCount(inherited, &value), 0, "mcclCommCount");
@@ -96,9 +90,9 @@ static int childMain(mcclComm_t inherited, int r, int n) {
   EXPECT(async == mcclInvalidUsage, "child: async error %s", mcclGetErrorString(async));
   EXPECT(strstr(mcclGetLastError(inherited), "cannot be used after fork()") != NULL, "child: last error '%s'",
          mcclGetLastError(inherited));
-  t = seconds();
+  t = harnessSeconds();
   EXPECT(mcclCommDestroy(inherited) == mcclSuccess, "child: destroy: %s", mcclGetLastError(NULL));
-  EXPECT(seconds() - t < 0.5, "child: destroying the inherited communicator took %.2f s", seconds() - t);
+  EXPECT(harnessSeconds() - t < 0.5, "child: destroying the inherited communicator took %.2f s", harnessSeconds() - t);
 
   /* A communicator of the children, over a store connection of their own (the rank's belongs to
    * the parent). */
@@ -160,9 +154,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   allReduceExact(comm, r, n, 1000, mcclAlgoTree, "parent, child alive");
   allReduceExact(comm, r, n, 300000, mcclAlgoRing, "parent, child alive");
   int status = 0;
-  double until = seconds() + 60;
+  double until = harnessSeconds() + 60;
   pid_t got = 0;
-  while ((got = waitpid(child, &status, WNOHANG)) == 0 && seconds() < until) harnessSleepUs(10000);
+  while ((got = waitpid(child, &status, WNOHANG)) == 0 && harnessSeconds() < until) harnessSleepUs(10000);
   if (got == 0) {
     /* Where it hangs, for the log (once seen under ASan in CI, cause unknown: bench/NOTES.md). */
     if (access("/usr/bin/gdb", X_OK) == 0) {

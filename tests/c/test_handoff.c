@@ -21,12 +21,6 @@
 
 #include "harness.h"
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void sleepMs(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -77,9 +71,9 @@ static void timelineBasics(void) {
   EXPECT(mcclTimelinePoll(tl, 5) == mcclSuccess && mcclTimelinePoll(tl, 6) == mcclInProgress, "poll around 5");
 
   /* A wait with a deadline times out on time. */
-  double t0 = seconds();
+  double t0 = harnessSeconds();
   mcclResult_t res = mcclTimelineWait(tl, 6, 150);
-  double took = seconds() - t0;
+  double took = harnessSeconds() - t0;
   EXPECT(res == mcclTimeout, "wait for an unreached value: %s", mcclGetErrorString(res));
   EXPECT(took >= 0.14 && took < 1.0, "the 150 ms wait took %.3f s", took);
 
@@ -87,9 +81,9 @@ static void timelineBasics(void) {
   struct signaller s = {tl, 9, 100, mcclSuccess};
   pthread_t th;
   pthread_create(&th, NULL, signalLater, &s);
-  t0 = seconds();
+  t0 = harnessSeconds();
   res = mcclTimelineWait(tl, 8, 5000);
-  took = seconds() - t0;
+  took = harnessSeconds() - t0;
   pthread_join(th, NULL);
   EXPECT(res == mcclSuccess, "wait woken by a signal: %s", mcclGetErrorString(res));
   EXPECT(took < 0.5, "woke %.3f s after the wait started (signal at 0.1 s)", took);
@@ -97,9 +91,9 @@ static void timelineBasics(void) {
   /* Failure wakes waiters and sticks, but values reached before still count. */
   s = (struct signaller){tl, 0, 100, mcclAborted};
   pthread_create(&th, NULL, signalLater, &s);
-  t0 = seconds();
+  t0 = harnessSeconds();
   res = mcclTimelineWait(tl, 100, -1);
-  took = seconds() - t0;
+  took = harnessSeconds() - t0;
   pthread_join(th, NULL);
   EXPECT(res == mcclAborted, "a wait with no deadline ends with the failure: %s", mcclGetErrorString(res));
   EXPECT(took < 0.5, "the failure woke the waiter after %.3f s", took);
@@ -115,9 +109,9 @@ static void timelineBasics(void) {
   EXPECT(mcclTimelineValue(tl) == 41, "the word's contents are the initial value");
   struct signaller d = {(mcclTimeline_t)(void*)&word, 42, 50, mcclSuccess};
   pthread_create(&th, NULL, deviceWriteLater, &d);
-  t0 = seconds();
+  t0 = harnessSeconds();
   res = mcclTimelineWait(tl, 42, 5000);
-  took = seconds() - t0;
+  took = harnessSeconds() - t0;
   pthread_join(th, NULL);
   EXPECT(res == mcclSuccess && took < 0.5, "a device write noticed after %.3f s (%s)", took, mcclGetErrorString(res));
   mcclTimelineDestroy(tl);
@@ -248,10 +242,10 @@ static int lateProducer(int r, int n, mcclStore_t* store, void* arg) {
   memset(&o, 0, sizeof(o));
   o.handoff = &f.handoff;
   o.timeout_ms = 10000;
-  double t0 = seconds();
+  double t0 = harnessSeconds();
   mcclRequest_t req = NULL;
   EXPECT_OK(comm, mcclAllReduce(buf, buf, count, mcclFloat32, mcclSum, comm, &o, &req));
-  double issue = seconds() - t0;
+  double issue = harnessSeconds() - t0;
   EXPECT(issue < 0.05, "rank %d: issuing took %.3f s with a late producer", r, issue);
   pthread_t stream;
   pthread_create(&stream, NULL, streamMain, &f);
@@ -262,7 +256,7 @@ static int lateProducer(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT_OK(comm, mcclRecv(&in, 1, mcclInt32, (r + n - 1) % n, 7, comm, NULL, &q));
   EXPECT_OK(comm, mcclWait(s, 5000));
   EXPECT_OK(comm, mcclWait(q, 5000));
-  double p2p = seconds() - t0;
+  double p2p = harnessSeconds() - t0;
   EXPECT(in == (r + n - 1) % n, "rank %d: received %d", r, in);
   int done = 1;
   mcclTest(req, &done);
@@ -312,9 +306,9 @@ static int lateProducer(int r, int n, mcclStore_t* store, void* arg) {
       mcclRequestFree(b);
       fakeFree(&g);
     } else {
-      t0 = seconds();
+      t0 = harnessSeconds();
       EXPECT_OK(comm, mcclRecv(msg, 4, mcclInt32, 0, 3, comm, NULL, NULL));
-      double took = seconds() - t0;
+      double took = harnessSeconds() - t0;
       int32_t base = r == 1 ? 11 : 5;
       for (int i = 0; i < 4; i++) EXPECT(msg[i] == base + i, "rank %d: msg[%d] = %d", r, i, msg[i]);
       if (r == 2) EXPECT(took < 0.25, "rank 2 waited %.3f s behind a send to another peer", took);
@@ -376,7 +370,7 @@ static int badProducer(int r, int n, mcclStore_t* store, void* arg) {
   o.handoff = &f.handoff;
   o.timeout_ms = 1000;
   mcclRequest_t req = NULL;
-  double t0 = seconds();
+  double t0 = harnessSeconds();
   EXPECT_OK(comm, mcclAllReduce(buf, buf, 64, mcclFloat32, mcclSum, comm, &o, &req));
   pthread_t stream;
   pthread_create(&stream, NULL, streamMain, &f);
@@ -385,7 +379,7 @@ static int badProducer(int r, int n, mcclStore_t* store, void* arg) {
     mcclTimelineFail(f.producer, mcclSystemError);
   }
   mcclResult_t res = mcclWait(req, 20000);
-  double took = seconds() - t0;
+  double took = harnessSeconds() - t0;
   pthread_join(stream, NULL);
   mcclResult_t want0 = failing ? mcclSystemError : mcclTimeout;
   if (r == 0) {
@@ -453,10 +447,10 @@ static int abortWhileWaiting(int r, int n, mcclStore_t* store, void* arg) {
   EXPECT_OK(comm, mcclSend(s, 2, mcclInt32, (r + 1) % n, 1, comm, &o, &rs));
   struct aborter ab = {comm, 200};
   pthread_t th;
-  double t0 = seconds();
+  double t0 = harnessSeconds();
   pthread_create(&th, NULL, abortLater, &ab);
   mcclResult_t res = mcclWait(ra, 10000);
-  double took = seconds() - t0;
+  double took = harnessSeconds() - t0;
   pthread_join(th, NULL);
   EXPECT(res == mcclAborted, "rank %d: the waiting request ended with %s", r, mcclGetErrorString(res));
   EXPECT(took < 2.0, "rank %d: abort took %.2f s to end the wait", r, took);

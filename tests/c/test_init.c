@@ -18,12 +18,6 @@
 
 #define GROUP "init"
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Wait until `joined` ranks have counted themselves into the group's inits counter. */
 static void waitJoined(mcclStore_t* store, int64_t joined) {
   int64_t v = 0;
@@ -44,9 +38,9 @@ static mcclResult_t initAs(int rank, int nranks, mcclStore_t* store, int64_t tim
   cfg.name = GROUP;
   cfg.timeout_ms = timeout_ms;
   cfg.peer_hint = "127.0.0.1";
-  double start = seconds();
+  double start = harnessSeconds();
   mcclResult_t res = mcclCommInitConfig(comm, &cfg);
-  *took = seconds() - start;
+  *took = harnessSeconds() - start;
   return res;
 }
 

@@ -56,12 +56,6 @@ static void* worker(void* arg) {
   return NULL;
 }
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* arg: NULL aborts, non-NULL destroys. */
 static int rankRace(int rank, int nranks, mcclStore_t* store, void* arg) {
   struct shared s;
@@ -72,7 +66,7 @@ static int rankRace(int rank, int nranks, mcclStore_t* store, void* arg) {
   pthread_t th[THREADS];
   for (int k = 0; k < THREADS; k++) pthread_create(&th[k], NULL, worker, &s);
   harnessSleepUs(200 * 1000);
-  double t0 = seconds();
+  double t0 = harnessSeconds();
   pthread_rwlock_wrlock(&s.lock);
   s.stopped = 1;
   mcclComm_t comm = s.comm;
@@ -82,7 +76,7 @@ static int rankRace(int rank, int nranks, mcclStore_t* store, void* arg) {
   mcclResult_t res = arg == NULL ? mcclCommAbort(comm) : mcclCommDestroy(comm);
   EXPECT(res == mcclSuccess, "rank %d: %s returned %s", rank, arg == NULL ? "abort" : "destroy", mcclGetErrorString(res));
   for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
-  double took = seconds() - t0;
+  double took = harnessSeconds() - t0;
   EXPECT(took < 25.0, "rank %d: the threads ended %.1f s after the %s", rank, took, arg == NULL ? "abort" : "destroy");
   EXPECT(atomic_load(&s.bad) == 0, "rank %d: %d requests ended without a result", rank, atomic_load(&s.bad));
   EXPECT(atomic_load(&s.ok) + atomic_load(&s.failed) > 0, "rank %d: nothing ran", rank);

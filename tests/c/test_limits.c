@@ -22,12 +22,6 @@ typedef struct {
   const char* where; /* what the victim's error must say failed ("accept()", "socket()", ...) */
 } limitArg;
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static double cpuSeconds(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -66,9 +60,9 @@ static int rankMain(int r, int n, mcclStore_t* store, void* arg) {
   cfg.timeout_ms = 20000;
   cfg.peer_hint = "127.0.0.1";
   mcclComm_t comm = NULL;
-  double wall0 = seconds(), cpu0 = cpuSeconds();
+  double wall0 = harnessSeconds(), cpu0 = cpuSeconds();
   mcclResult_t res = mcclCommInitConfig(&comm, &cfg);
-  double wall = seconds() - wall0, cpu = cpuSeconds() - cpu0;
+  double wall = harnessSeconds() - wall0, cpu = cpuSeconds() - cpu0;
   const char* msg = mcclGetLastError(NULL);
   EXPECT(res != mcclSuccess, "rank %d of %d: init succeeded with rank %d out of descriptors", r, n, a->victim);
   if (comm != NULL) mcclCommDestroy(comm);

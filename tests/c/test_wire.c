@@ -227,12 +227,6 @@ static void testFrames(void) {
 
 /* ---- the receive path ----------------------------------------------------------------------- */
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* A posted collective receive, the frame that fills it, and one that does not match. */
 static void testCollectiveRx(void) {
   mcclLoopback lb;
@@ -316,9 +310,9 @@ static void testAbortRx(void) {
     mcclFrameEncode(hdr, &f);
     loopbackWrite(&lb, hdr, sizeof(hdr));
     loopbackWrite(&lb, reason, 10);
-    double start = seconds();
+    double start = harnessSeconds();
     mcclResult_t res = loopbackDrain(&lb, 100);
-    double took = seconds() - start;
+    double took = harnessSeconds() - start;
     EXPECT(res == mcclSuccess, "half an abort reason gave %s: %s", mcclGetErrorString(res), lb.comm->tp.error);
     EXPECT(took < 0.1, "a partial abort reason blocked progress for %.2f s", took);
     if (close_early) {
@@ -734,9 +728,9 @@ static void testGatedSend(int sender_thread) {
   size_t have = 0;
   /* Only the first gate arrives: nothing may leave. */
   loopbackWrite(&lb, hdr[0], MCCL_FRAME_BYTES);
-  double until = seconds() + 0.2;
+  double until = harnessSeconds() + 0.2;
   mcclResult_t res = mcclSuccess;
-  while (seconds() < until && res == mcclSuccess) {
+  while (harnessSeconds() < until && res == mcclSuccess) {
     res = loopbackDrain(&lb, 10);
     ssize_t n = recv(lb.peer_fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
     if (n > 0) have += (size_t)n;
@@ -752,8 +746,8 @@ static void testGatedSend(int sender_thread) {
   have = 0;
   /* The second gate: the gated send, then the one behind it. */
   loopbackWrite(&lb, hdr[1], MCCL_FRAME_BYTES);
-  until = seconds() + 5;
-  while (seconds() < until && res == mcclSuccess && have < 2 * MCCL_FRAME_BYTES) {
+  until = harnessSeconds() + 5;
+  while (harnessSeconds() < until && res == mcclSuccess && have < 2 * MCCL_FRAME_BYTES) {
     res = loopbackDrain(&lb, 10);
     ssize_t n = recv(lb.peer_fd, got + have, sizeof(got) - have, MSG_DONTWAIT);
     if (n > 0) have += (size_t)n;
@@ -763,8 +757,8 @@ static void testGatedSend(int sender_thread) {
            mcclFrameDecode(got + MCCL_FRAME_BYTES, &b) == 0;
   EXPECT(ok && a.step == MCCL_STEP_CONTROL + 2 && b.step == MCCL_STEP_CONTROL + 3,
          "thread %d: after both gates %zu bytes, steps in order: %d", sender_thread, have, ok);
-  until = seconds() + 5;
-  while (seconds() < until && !(x[2].complete && x[3].complete)) (void)loopbackDrain(&lb, 10);
+  until = harnessSeconds() + 5;
+  while (harnessSeconds() < until && !(x[2].complete && x[3].complete)) (void)loopbackDrain(&lb, 10);
   EXPECT(x[2].complete && x[3].complete, "thread %d: both sends complete", sender_thread);
   loopbackClose(&lb);
 }
