@@ -1114,7 +1114,7 @@ static mcclResult_t progressRound(mcclTransport* t, int64_t deadline_ns, atomic_
     if (!rd && !wr && !held) continue;
     busy |= need || wr || held;
     if (c->fd < 0 && !c->dead && t->connector != NULL) {
-      MCCLCHECK(mcclConnectorWant(t, r)); /* the transfers wait for the connection */
+      MCCLCHECK(mcclConnectorWant(t, r, wr || held)); /* the transfers wait for the connection */
       continue;
     }
     if (c->fd < 0 || c->dead) {

@@ -263,8 +263,12 @@ typedef struct {
  * neighbours, the log2 n partners of recursive doubling and of the dissemination agreement, ...).
  * The rule is the mesh's: the higher rank dials, the lower one accepts (in every progress round
  * and in mcclTransportReadAhead, which an idle engine calls unless MCCL_IDLE_READ=0), with the
- * same handshake and the same checks. A receive from any source makes a rank dial every lower
- * rank (any of them may send). A dial
+ * same handshake and the same checks. A lower rank with a send for a higher rank that has not
+ * dialled within 50 ms (it is late, or issued another collective that needs nothing from the
+ * lower rank) asks it to, and again each second while the send waits (wire.h,
+ * MCCL_HELLO_KIND_ASK): the other collective's frames then arrive and fail it as a mismatch
+ * rather than at the timeout. A receive from any
+ * source makes a rank dial every lower rank (any of them may send). A dial or an ask
  * that is refused three times in a row (50 ms apart) fails the collective at once: the peer's
  * communicator is gone (its process exited, or its communicator failed, which closes its
  * listener, or was destroyed). A peer that never dials is named by the collective's timeout.
@@ -475,11 +479,13 @@ void mcclTransportWatchIn(mcclTransport* t, mcclConn* c, int any);
 
 /* tcp_connect.c, with runtime connection (t->connector != NULL after init). */
 /* A transfer with `peer` is posted and it has no connection: dial it if it is lower (once; again
- * after a failure that may pass), else wait for its dial. Errors: a dial that cannot be made
+ * after a failure that may pass), else wait for its dial; where `sending` (a send to it is queued)
+ * ask for that dial if it has not come within MCCL_ASK_AFTER_MS (tcp_connect.c), and again each
+ * MCCL_ASK_AGAIN_MS while the send waits. Errors: a dial that cannot be made
  * (a descriptor limit, an address that does not parse) or is refused again and again; t->error
  * names the peer and the cause. */
-mcclResult_t mcclConnectorWant(mcclTransport* t, int peer);
-/* Start the redials that are due, then append the connector's sockets (listener, dials,
+mcclResult_t mcclConnectorWant(mcclTransport* t, int peer, int sending);
+/* Start the redials and asks that are due, then append the connector's sockets (listener, dials,
  * handshakes) to pfds from index *np, which it advances. *wait_ms is lowered to the next redial
  * when one is due sooner. Errors: those of mcclConnectorWant. */
 mcclResult_t mcclConnectorPollAdd(mcclTransport* t, struct pollfd* pfds, int* np, int64_t* wait_ms);

@@ -29,6 +29,7 @@ typedef struct {
   int fd;
   int peer;      /* outgoing: the rank dialled; incoming: -1 until its hello is read */
   int outgoing;
+  int ask;       /* outgoing to a higher rank: only its MCCL_HELLO_KIND_ASK is sent, then it closes */
   int state;
   uint8_t buf[MCCL_HELLO_BYTES];
   size_t done;
@@ -42,12 +43,14 @@ typedef struct {
 struct mcclConnector {
   int listen_fd;                    /* owned; accepted connections come from here */
   mcclTransportAuth auth;
-  int cap;                          /* pending slots: [0, nranks) the dial to each lower rank (slot
-                                       == its rank), [nranks, cap) accepted connections that have
-                                       not finished their hello */
+  int cap;                          /* pending slots: [0, nranks) the dial to each lower rank, or the
+                                       ask to each higher one (slot == its rank), [nranks, cap)
+                                       accepted connections that have not finished their hello */
   mcclPending* pend;
   int live;                         /* slots holding a socket */
-  int64_t* retry_at;                /* [nranks] when a failed dial is tried again (0: none due) */
+  int64_t* retry_at;                /* [nranks] when a failed dial is tried again, or a higher rank
+                                       is asked to dial (0: none due) */
+  int64_t* asked_ns;                /* [nranks] when each higher rank was last asked (0: never) */
   int retries;                      /* entries of retry_at that are set */
   int* refused;                     /* [nranks] dials refused in a row */
   char (*last_why)[MCCL_WHY_BYTES]; /* [nranks] why the last dial to each rank failed */
@@ -84,7 +87,7 @@ static mcclWireStatus helloCheck(const mcclTransport* t, const mcclTransportAuth
   e.peer = expect_rank;
   e.connected = connectedRank;
   e.ctx = t;
-  e.notice_ok = t->connector != NULL && t->connector->runtime;
+  e.runtime = t->connector != NULL && t->connector->runtime;
   return mcclHelloCheck(buf, &e, h, why, cap);
 }
 
@@ -453,14 +456,16 @@ static mcclResult_t connectorOpen(mcclTransport* t, int listen_fd, const mcclTra
     k->cap = n + MAX_PENDING_INCOMING;
     k->pend = calloc((size_t)k->cap, sizeof(mcclPending));
     k->retry_at = calloc((size_t)n, sizeof(int64_t));
+    k->asked_ns = calloc((size_t)n, sizeof(int64_t));
     k->refused = calloc((size_t)n, sizeof(int));
     k->last_why = calloc((size_t)n, sizeof(*k->last_why));
     k->slot_of = calloc((size_t)k->cap + 1, sizeof(int));
   }
-  if (k == NULL || !k->pend || !k->retry_at || !k->refused || !k->last_why || !k->slot_of) {
+  if (k == NULL || !k->pend || !k->retry_at || !k->asked_ns || !k->refused || !k->last_why || !k->slot_of) {
     if (k != NULL) {
       free(k->pend);
       free(k->retry_at);
+      free(k->asked_ns);
       free(k->refused);
       free(k->last_why);
       free(k->slot_of);
@@ -486,6 +491,7 @@ void mcclConnectorFree(mcclTransport* t) {
   if (k->listen_fd >= 0) close(k->listen_fd);
   free(k->pend);
   free(k->retry_at);
+  free(k->asked_ns);
   free(k->refused);
   free(k->last_why);
   free(k->slot_of);
@@ -522,7 +528,9 @@ int mcclTransportConnected(const mcclTransport* t) {
   return n;
 }
 
-/* Dial lower rank `r` now. A failure that may pass schedules a retry; the others fail. */
+/* Dial lower rank `r` now, or higher rank `r` to ask it to dial (MCCL_HELLO_KIND_ASK). A failure
+ * that may pass schedules a retry of a dial (an ask is made again while the link is wanted,
+ * mcclConnectorWant); the others fail. */
 static mcclResult_t startDial(mcclTransport* t, int r) {
   mcclConnector* k = t->connector;
   mcclPending* p = &k->pend[r];
@@ -530,6 +538,8 @@ static mcclResult_t startDial(mcclTransport* t, int r) {
   k->retry_at[r] = 0;
   p->peer = r;
   p->outgoing = 1;
+  p->ask = r > t->rank;
+  if (p->ask) k->asked_ns[r] = mcclNowNs();
   snprintf(p->addr, sizeof(p->addr), "%s", t->conns[r].addr);
   int fatal = 0;
   if (dial(p, t->conns[r].addr, k->last_why[r], sizeof(k->last_why[r]), &fatal) == 0) {
@@ -537,7 +547,8 @@ static mcclResult_t startDial(mcclTransport* t, int r) {
     return mcclSuccess;
   }
   if (!fatal) {
-    retryLater(k, r, MCCL_REDIAL_MS);
+    if (p->ask) k->asked_ns[r] = 0; /* the next ask goes as soon as the first would have */
+    else retryLater(k, r, MCCL_REDIAL_MS);
     return mcclSuccess;
   }
   snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot dial rank %d at %s: %s; %s", t->rank, t->self_addr, r,
@@ -545,21 +556,37 @@ static mcclResult_t startDial(mcclTransport* t, int r) {
   return strncmp(k->last_why[r], "its published", 13) == 0 ? mcclInvalidArgument : mcclSystemError;
 }
 
-mcclResult_t mcclConnectorWant(mcclTransport* t, int peer) {
+/* A higher rank that this rank has a send for and that has not dialled within this long is asked
+ * to (MCCL_HELLO_KIND_ASK); while the send waits, asked again after MCCL_ASK_AGAIN_MS. The higher
+ * rank of a pair dials when it needs the lower one, so the ask matters only where it does not: it
+ * issued another collective that needs nothing from this rank, whose frames then show the mismatch
+ * when the link opens (or it is late, and the ask only opens the link sooner). A receive alone
+ * asks nothing: a higher rank that sends to this one dials it. */
+#define MCCL_ASK_AFTER_MS 50
+#define MCCL_ASK_AGAIN_MS 1000
+
+mcclResult_t mcclConnectorWant(mcclTransport* t, int peer, int sending) {
   mcclConnector* k = t->connector;
-  if (peer > t->rank || t->conns[peer].fd >= 0) return mcclSuccess; /* a higher rank dials us */
-  if (k->pend[peer].fd >= 0 || k->retry_at[peer] != 0) return mcclSuccess; /* under way */
-  return startDial(t, peer);
+  if (t->conns[peer].fd >= 0) return mcclSuccess;
+  if (k->pend[peer].fd >= 0 || k->retry_at[peer] != 0) return mcclSuccess; /* under way, or due */
+  if (peer < t->rank) return startDial(t, peer);
+  if (!sending) return mcclSuccess;
+  int64_t at = mcclNowNs() + MCCL_ASK_AFTER_MS * 1000000LL;
+  if (k->asked_ns[peer] != 0 && k->asked_ns[peer] + MCCL_ASK_AGAIN_MS * 1000000LL > at)
+    at = k->asked_ns[peer] + MCCL_ASK_AGAIN_MS * 1000000LL;
+  k->retries++;
+  k->retry_at[peer] = at;
+  return mcclSuccess;
 }
 
 mcclResult_t mcclConnectorPollAdd(mcclTransport* t, struct pollfd* pfds, int* np, int64_t* wait_ms) {
   mcclConnector* k = t->connector;
   if (k->retries > 0) {
     int64_t now = mcclNowNs();
-    for (int r = 0; r < t->rank; r++) {
+    for (int r = 0; r < t->nranks; r++) {
       int64_t at = k->retry_at[r];
       if (at == 0) continue;
-      if (t->conns[r].fd >= 0) { /* linked meanwhile (its NOTICE): nothing to retry */
+      if (t->conns[r].fd >= 0) { /* linked meanwhile (its NOTICE, or its dial): nothing to do */
         k->retry_at[r] = 0;
         k->retries--;
         continue;
@@ -690,11 +717,12 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
                  t->rank, k->refused[peer]);
         return mcclRemoteError;
       }
-      retryLater(k, peer, MCCL_REDIAL_MS);
+      if (p->ask) k->asked_ns[peer] = 0; /* made again while the link is wanted, without the wait */
+      else retryLater(k, peer, MCCL_REDIAL_MS);
       return mcclSuccess;
     }
     k->refused[p->peer] = 0;
-    helloMake(t, &k->auth, MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
+    helloMake(t, &k->auth, p->ask ? MCCL_HELLO_KIND_ASK : MCCL_HELLO_KIND_HELLO, p->peer, p->buf);
     p->state = PEND_SEND;
     p->done = 0;
   }
@@ -704,7 +732,10 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
     if (w <= 0) {
       reject = strerror(errno);
     } else if ((p->done += (size_t)w) == MCCL_HELLO_BYTES) {
-      if (p->outgoing) {
+      if (p->ask) { /* nothing answers an ask: the peer dials back */
+        INFO(MCCL_SUB_INIT, "rank %d: asked rank %d at %s to connect to it", t->rank, p->peer, p->addr);
+        slotClose(k, p);
+      } else if (p->outgoing) {
         p->state = PEND_RECV;
         p->done = 0;
       } else { /* ack sent: the incoming connection is established */
@@ -727,6 +758,10 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
       if (reject == NULL && p->outgoing) {
         INFO(MCCL_SUB_INIT, "rank %d: connected to rank %d at %s", t->rank, p->peer, p->addr);
         slotAdopt(t, p);
+      } else if (reject == NULL && h.kind == MCCL_HELLO_KIND_ASK) {
+        INFO(MCCL_SUB_INIT, "rank %d: rank %u (%s) asked it to connect", t->rank, h.rank, p->addr);
+        slotClose(k, p);
+        return mcclConnectorWant(t, (int)h.rank, 0); /* a lower rank: dialled now, unless linked or under way */
       } else if (reject == NULL && h.kind == MCCL_HELLO_KIND_NOTICE) {
         p->peer = (int)h.rank; /* its ABORT frame follows: the link reads it (wire.h) */
         INFO(MCCL_SUB_INIT, "rank %d: rank %d (%s) connected to say it failed", t->rank, p->peer, p->addr);
@@ -777,9 +812,14 @@ void mcclConnectorDescribe(const mcclTransport* t, int peer, char* out, size_t c
   const mcclConnector* k = t->connector;
   if (k == NULL) {
     snprintf(out, cap, "it never connected");
+  } else if (peer > t->rank && k->asked_ns[peer] != 0) {
+    snprintf(out, cap, "it has not connected to this rank, which asked it to %.1f s ago (the higher rank of a "
+             "pair dials): it is stalled or busy outside the library, or exited",
+             (double)(mcclNowNs() - k->asked_ns[peer]) / 1e9);
   } else if (peer > t->rank) {
-    snprintf(out, cap, "it has not connected to this rank (the higher rank of a pair dials when it first "
-             "needs the other): it is stalled, exited, or issued different collectives");
+    snprintf(out, cap, "it has not connected to this rank (the higher rank of a pair dials, asked to by the "
+             "lower one if that needs it first)%s%s", k->last_why[peer][0] ? "; asking it failed: " : "",
+             k->last_why[peer]);
   } else if (k->pend[peer].fd >= 0) {
     snprintf(out, cap, "this rank's connection to it is open but its handshake is unanswered: that rank is "
              "stalled or busy outside the library%s%s", k->last_why[peer][0] ? "; an earlier dial: " : "",

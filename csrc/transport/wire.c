@@ -101,10 +101,12 @@ mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHell
   if (h.version != MCCL_PROTOCOL_VERSION)
     return reject(MCCL_WIRE_BAD_VERSION, why, cap, "protocol version %u, expected %u", h.version,
                   MCCL_PROTOCOL_VERSION);
-  int notice = e->notice_ok && e->kind == MCCL_HELLO_KIND_HELLO && h.kind == MCCL_HELLO_KIND_NOTICE;
-  if (h.kind != e->kind && !notice)
+  const int hello = e->kind == MCCL_HELLO_KIND_HELLO;
+  const int notice = e->runtime && hello && h.kind == MCCL_HELLO_KIND_NOTICE;
+  const int ask = e->runtime && hello && h.kind == MCCL_HELLO_KIND_ASK;
+  if (h.kind != e->kind && !notice && !ask)
     return reject(MCCL_WIRE_BAD_KIND, why, cap, "handshake message kind %u, expected %d (%s)", h.kind,
-                  e->kind, e->kind == MCCL_HELLO_KIND_HELLO ? "hello" : "ack");
+                  e->kind, hello ? "hello" : "ack");
   if (!tokenEqual(h.token, e->token))
     return reject(MCCL_WIRE_BAD_TOKEN, why, cap, "wrong job token (another job, or a stranger)");
   if (h.generation != e->generation || h.comm_hash != e->comm_hash)
@@ -116,12 +118,14 @@ mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHell
     return reject(MCCL_WIRE_BAD_NRANKS, why, cap, "world size %u, expected %d", h.nranks, e->nranks);
   if ((int)h.target != e->rank)
     return reject(MCCL_WIRE_BAD_TARGET, why, cap, "meant for rank %u, but this is rank %d", h.target, e->rank);
-  if (e->kind == MCCL_HELLO_KIND_HELLO) {
+  if (hello) {
     /* Compare as unsigned: a u32 rank above INT_MAX must not turn negative. */
-    if (notice ? h.rank == (uint32_t)e->rank || h.rank >= (uint32_t)e->nranks
-               : h.rank <= (uint32_t)e->rank || h.rank >= (uint32_t)e->nranks)
-      return reject(MCCL_WIRE_BAD_RANK, why, cap, "claims rank %u, which must not dial rank %d", h.rank, e->rank);
-    if (e->connected != NULL && e->connected(e->ctx, (int)h.rank))
+    const uint32_t self = (uint32_t)e->rank, n = (uint32_t)e->nranks;
+    if (notice ? h.rank == self || h.rank >= n : ask ? h.rank >= self : h.rank <= self || h.rank >= n)
+      return reject(MCCL_WIRE_BAD_RANK, why, cap, "%s claims rank %u, which must not %s rank %d",
+                    ask ? "an ask to connect" : notice ? "a notice" : "a hello", h.rank,
+                    ask ? "ask" : "dial", e->rank);
+    if (!ask && e->connected != NULL && e->connected(e->ctx, (int)h.rank))
       return reject(MCCL_WIRE_DUPLICATE, why, cap, "duplicate connection for rank %u", h.rank);
   } else if (h.rank != (uint32_t)e->peer) {
     return reject(MCCL_WIRE_BAD_RANK, why, cap, "answered as rank %u, expected rank %d", h.rank, e->peer);

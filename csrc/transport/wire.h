@@ -51,7 +51,17 @@
  * none with, of any rank, only to send its ABORT frame: the hello's kind says so, it is followed
  * by that frame at once and answered by nothing; the receiver takes the connection as its link to
  * the sender, where the ABORT then reads as on any link. */
-enum { MCCL_HELLO_KIND_HELLO = 1, MCCL_HELLO_KIND_ACK = 2, MCCL_HELLO_KIND_READY = 3, MCCL_HELLO_KIND_NOTICE = 4 };
+/* ASK: with runtime connection, a lower rank that needs a link to a higher rank which has not dialled
+ * it (the higher rank needs nothing from it, say, because it issued another collective) opens a
+ * connection to that rank only to ask it to dial: the hello is all it sends, nothing answers it,
+ * and the receiver closes it and dials the sender as it would for a transfer of its own. */
+enum {
+  MCCL_HELLO_KIND_HELLO = 1,
+  MCCL_HELLO_KIND_ACK = 2,
+  MCCL_HELLO_KIND_READY = 3,
+  MCCL_HELLO_KIND_NOTICE = 4,
+  MCCL_HELLO_KIND_ASK = 5
+};
 /* DATA: a collective's frame, matched in order against the receives the algorithm posted.
  * P2P: a point-to-point message's frame (root = tag, count = the message's elements, offset and
  * length locate the payload in it), matched by (sender, tag) outside the collective order.
@@ -210,15 +220,17 @@ typedef struct {
   int rank, nranks;            /* this rank and the world size */
   int kind;                    /* MCCL_HELLO_KIND_HELLO or MCCL_HELLO_KIND_ACK */
   int peer;                    /* ACK: the rank dialled (ignored for HELLO) */
-  int notice_ok;               /* HELLO: a NOTICE from any other rank is accepted too */
+  int runtime;                 /* HELLO, with runtime connection: a NOTICE from any other rank and an
+                                  ASK from a lower rank are accepted too */
   /* HELLO: nonzero when `rank` is connected already (a duplicate); NULL: never. */
   int (*connected)(const void* ctx, int rank);
   const void* ctx;
 } mcclHelloExpect;
 
 /* Decode the 48 bytes of a hello or ack and check every field against `e`. Only higher ranks
- * dial lower ones, so a HELLO must claim a rank in (e->rank, e->nranks) and target e->rank (a
- * NOTICE, where e->notice_ok allows it, any rank in [0, e->nranks) but e->rank); an
+ * dial lower ones, so a HELLO must claim a rank in (e->rank, e->nranks) and target e->rank (where
+ * e->runtime allows them: a NOTICE any rank in [0, e->nranks) but e->rank, an ASK a rank in
+ * [0, e->rank), not checked for a duplicate since its sender may be linked by now); an
  * ACK must come from e->peer and target e->rank. Fills *out (when non-NULL) with what was
  * decoded, also on rejection as far as the magic allowed. */
 mcclWireStatus mcclHelloCheck(const uint8_t in[MCCL_HELLO_BYTES], const mcclHelloExpect* e,

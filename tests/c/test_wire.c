@@ -21,6 +21,12 @@ static int connectedTwo(const void* ctx, int rank) {
   return rank == 2;
 }
 
+static int connectedAll(const void* ctx, int rank) {
+  (void)ctx;
+  (void)rank;
+  return 1;
+}
+
 static mcclHelloExpect expectHello(int kind) {
   mcclHelloExpect e;
   memset(&e, 0, sizeof(e));
@@ -105,6 +111,41 @@ static void testHello(void) {
   expectHelloStatus(&e, &b, MCCL_WIRE_DUPLICATE, "duplicate", "duplicate");
   e.connected = NULL;
   expectHelloStatus(&e, &b, MCCL_WIRE_OK, NULL, "no duplicate check");
+
+  /* With runtime connection: a NOTICE from any other rank, an ASK from a lower one, which is not
+   * checked for a duplicate (its sender may have been dialled meanwhile). */
+  mcclHelloExpect rt = expectHello(MCCL_HELLO_KIND_HELLO);
+  rt.runtime = 1;
+  b = goodHello(&rt);
+  b.kind = MCCL_HELLO_KIND_ASK;
+  b.rank = 0;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_OK, NULL, "ask from a lower rank");
+  rt.runtime = 0;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_KIND, "kind 5", "ask without runtime connection");
+  rt.runtime = 1;
+  rt.connected = connectedAll;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_OK, NULL, "ask from a linked rank");
+  b.rank = 1;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_RANK, "claims rank 1", "ask from itself");
+  b.rank = 3;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_RANK, "must not ask", "ask from a higher rank");
+  b.rank = 0x80000000u;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_RANK, "2147483648", "ask from a rank above INT_MAX");
+  rt.connected = connectedTwo;
+  b.kind = MCCL_HELLO_KIND_NOTICE;
+  b.rank = 0;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_OK, NULL, "notice from a lower rank");
+  b.rank = 3;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_OK, NULL, "notice from a higher rank");
+  b.rank = 1;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_RANK, "claims rank 1", "notice from itself");
+  b.rank = 4;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_RANK, "claims rank 4", "notice from rank == nranks");
+  b.rank = 2;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_DUPLICATE, "duplicate", "notice from a linked rank");
+  rt.runtime = 0;
+  b.rank = 3;
+  expectHelloStatus(&rt, &b, MCCL_WIRE_BAD_KIND, "kind 4", "notice without runtime connection");
 
   mcclHelloExpect a = expectHello(MCCL_HELLO_KIND_ACK);
   mcclHello ack = goodHello(&a);
