@@ -162,6 +162,40 @@ def test_mismatched_collectives_fail_on_every_rank_and_touch_no_output(case):
     assert detected, "no rank reported the mismatch as its own finding"
 
 
+def _float_kind_mismatch(rank: int, world_size: int, odd_kind: str) -> dict:
+    """Rank 0 issues a float32 all-gather (or reduce-scatter) of 100 elements per rank where the
+    others issue a reduce-scatter (all-gather): Bruck against folded doubling."""
+    x = torch.full((100,), float(rank + 1))
+    big = torch.full((100 * world_size,), -7.0)
+    ag = (lambda: dist.all_gather_into_tensor(big, x))
+    rs = (lambda: dist.reduce_scatter_tensor(x, big))
+    call = (ag if odd_kind == "all_gather" else rs) if rank == 0 else (rs if odd_kind == "all_gather" else ag)
+    start = time.monotonic()
+    try:
+        call()
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    return {"error": error, "took_s": time.monotonic() - start}
+
+
+@pytest.mark.parametrize("world_size", [3, 5])
+@pytest.mark.parametrize("connect", ["eager", "runtime"])
+def test_float_kind_mismatch_fails_at_once(world_size, connect):
+    """A new user's report: on 3 or 5 ranks this waited out the group timeout on every rank, because
+    the all-gather's only frame went to a link with nothing posted (parked unchecked), and with
+    connections opened on first use to a higher rank that needed nothing from rank 0, so never
+    dialled it (it is asked to now: csrc/transport/wire.h, MCCL_HELLO_KIND_ASK). Every rank must
+    name the mismatch well inside the 20 s timeout."""
+    env = {"MCCL_RUNTIME_CONNECT": "1" if connect == "runtime" else "0"}
+    for odd_kind in ("all_gather", "reduce_scatter"):
+        values = check_ok(run_ranks(_float_kind_mismatch, world_size, odd_kind, pg_timeout_s=20, deadline_s=90,
+                                    start_method="forkserver", env=env))
+        for rank, v in enumerate(values):
+            assert "mismatch" in v["error"], f"{odd_kind} on rank 0, rank {rank}: {v['error']!r}"
+            assert v["took_s"] < 5, f"{odd_kind} on rank 0, rank {rank}: took {v['took_s']:.1f} s"
+
+
 def _mismatch_on_8(rank: int, world_size: int) -> str:
     t = torch.ones((1 << 20) + (1 if rank == ODD else 0))  # the pipelined ring
     try:
