@@ -5,7 +5,8 @@
 # ss, iperf3). Stages (STAGES, in order; default "base tcp trace cost trace4"); a stage
 # NAME@VAR=VAL[,VAR=VAL] runs with those variables set, and its files carry them in their names:
 #   base      mccl and gloo alternating round by round (--rounds ROUNDS), OPS (all_reduce) at SIZES;
-#             base@OPS=all_gather+broadcast,SIZES=16M+64M sets them for one stage
+#             base@OPS=all_gather+broadcast,SIZES=16M+64M sets them for one stage (ITERS= and
+#             ROUNDS= too, in base and ab)
 #   cc-NAME   every host's TCP congestion control set to NAME (cubic, bbr) for the later stages
 #   ab        mccl alone at OPS / SIZES (all_reduce, 64M), ROUNDS rounds of two invocations: the stage's
 #             settings (A), then those plus AB_ENV (B; default MCCL_SEND_THREAD_LOAD=0); bench/ab_summary.py
@@ -74,6 +75,11 @@ up "${HOSTS:-8}"
 envtag() {  # envtag "A=1,B=2" -> "-A_1_B_2" (a file-name suffix), "" for ""
   [ -n "$1" ] && echo "-$1" | tr -c 'A-Za-z0-9\n-' '_'
 }
+stageKnobs() {  # a base or ab stage's OPS=, SIZES=, ITERS=, ROUNDS= (the benchmark's, not the library's)
+  iters=${ITERS:-8}; rounds=${ROUNDS:-3}
+  for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};;
+    ITERS=*) iters=${kv#ITERS=};; ROUNDS=*) rounds=${kv#ROUNDS=};; esac; done
+}
 ENVS=(); k=0
 for item in ${STAGES:-base tcp trace cost trace4}; do
   st=${item%%@*}; E=; [ "$st" != "$item" ] && E=${item#*@}
@@ -81,20 +87,20 @@ for item in ${STAGES:-base tcp trace cost trace4}; do
   echo "=== $item $(date +%T)"
   case $st in
     base) ops=${OPS:-all_reduce}; sizes=${SIZES:-16M,64M,256M}  # a stage's OPS= / SIZES= ('+' for ',')
-          for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
+          stageKnobs
           F=$RES/base$TAG$SUF; n=2  # a stage repeated in one call: base8-2, base8-3, ...
           while [ -e "$F.txt" ]; do F=$RES/base$TAG$SUF-$n; n=$((n + 1)); done
           env "${ENVS[@]}" $B --cluster t0 --backends mccl,gloo --goodput "$GP" --ops "${ops//+/,}" \
-            --sizes "${sizes//+/,}" --rounds "${ROUNDS:-3}" -n "${ITERS:-8}" --json "$F.json" > "$F.txt" 2>&1
+            --sizes "${sizes//+/,}" --rounds "$rounds" -n "$iters" --json "$F.json" > "$F.txt" 2>&1
           tail -30 "$F.txt" ;;
     ab) ops=${OPS:-all_reduce}; sizes=${SIZES:-64M}  # mccl alone, invocations alternating the stage's settings (A)
-        for kv in "${ENVS[@]}"; do case $kv in OPS=*) ops=${kv#OPS=};; SIZES=*) sizes=${kv#SIZES=};; esac; done
+        stageKnobs
         read -r -a BENVS <<< "${AB_ENV:-MCCL_SEND_THREAD_LOAD=0}"  # and those plus AB_ENV (B), round by round
         F=$RES/ab$TAG$SUF; mkdir -p "$F"
-        for r in $(seq 1 "${ROUNDS:-3}"); do for side in A B; do
+        for r in $(seq 1 "$rounds"); do for side in A B; do
           extra=(); [ $side = B ] && extra=("${BENVS[@]}")
           env "${ENVS[@]}" "${extra[@]}" $B --cluster t0 --backends mccl --goodput "$GP" --ops "${ops//+/,}" \
-            --sizes "${sizes//+/,}" -n "${ITERS:-8}" -w 2 --json "$F/$r-$side.json" > "$F/$r-$side.txt" 2>&1
+            --sizes "${sizes//+/,}" -n "$iters" -w 2 --json "$F/$r-$side.json" > "$F/$r-$side.txt" 2>&1
         done; done
         "$PY" bench/ab_summary.py "$F" | tee "$F/summary.txt" ;;
     pin) up "$NH" 2 ;;
