@@ -271,7 +271,9 @@ typedef struct {
  * source makes a rank dial every lower rank (any of them may send). A dial or an ask
  * that is refused three times in a row (50 ms apart) fails the collective at once: the peer's
  * communicator is gone (its process exited, or its communicator failed, which closes its
- * listener, or was destroyed). A peer that never dials is named by the collective's timeout.
+ * listener, or was destroyed): a higher rank gone before it dialled is found so by the asks of a
+ * rank with a send for it, in about 150 ms. A higher peer that never dials otherwise (it is
+ * stalled, or this rank only receives from it) is named by the collective's timeout.
  * There is no READY exchange: a rank whose init fails after the address table is published
  * (it cannot start its threads, say) fails its peers' first collective with it instead.
  *

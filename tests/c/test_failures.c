@@ -38,6 +38,36 @@ static int peerExits(int r, int n, mcclStore_t* store, void* arg) {
   return 0;
 }
 
+/* With connections opened on first use (MCCL_RUNTIME_CONNECT=1), rank n-1 exits before any rank
+ * linked to it: the rank whose send is for it asks it to dial (tcp.h), is refused three times and
+ * fails naming it; the others hear of that. Within 5 s of a 20 s timeout on every rank (before the
+ * ask, a lower rank waited for the dial until its timeout). */
+static int peerGoneUnlinked(int r, int n, mcclStore_t* store, void* arg) {
+  (void)arg;
+  mcclComm_t comm = harnessCommInit(r, n, store);
+  if (comm == NULL) return 1;
+  if (r == n - 1) _exit(0);
+  EXPECT(mcclParamInt("MCCL_RUNTIME_CONNECT") == 1, "rank %d: runtime connection is off", r);
+  harnessSleepUs(200000); /* its process is gone, its listener with it */
+  size_t count = 1 << 18;
+  float* buf = calloc(count, sizeof(float));
+  mcclOpOptions_t o;
+  memset(&o, 0, sizeof(o));
+  o.timeout_ms = 20000;
+  double start = harnessSeconds();
+  mcclResult_t res = mcclAllReduce(buf, buf, count, mcclFloat32, mcclSum, comm, &o, NULL);
+  double took = harnessSeconds() - start;
+  const char* msg = mcclGetLastError(comm);
+  char gone[32];
+  snprintf(gone, sizeof(gone), "rank %d", n - 1);
+  EXPECT(res != mcclSuccess, "rank %d: an all-reduce without rank %d succeeded", r, n - 1);
+  EXPECT(took < 5.0, "rank %d noticed after %.1f s: '%s'", r, took, msg);
+  EXPECT(strstr(msg, gone) != NULL && strstr(msg, "refused") != NULL, "rank %d: message '%s'", r, msg);
+  mcclCommDestroy(comm);
+  free(buf);
+  return 0;
+}
+
 /* The root of a chain broadcast (mcclAlgoRing) exits mid-stream: ranks 1 and 2 may hold a frame
  * they forward as it lands, half-written (MCCL_CHAIN_RELAY, transport/tcp.h), when their upstream
  * dies. Every survivor must fail within 5 s, naming a rank (rank 1: the root) and the broadcast,
@@ -274,6 +304,20 @@ int main(void) {
   harnessRunRanks(3, 60, peerExits, NULL);
   printf("peer exits: %s\n", harness_failures ? "FAILED" : "ok");
   int before = harness_failures;
+  const char* connect = getenv("MCCL_RUNTIME_CONNECT");
+  char* connect_was = connect != NULL ? strdup(connect) : NULL;
+  harnessSetenv("MCCL_RUNTIME_CONNECT", "1");
+  harnessRunRanks(3, 60, peerGoneUnlinked, NULL);
+  harnessRunRanks(5, 60, peerGoneUnlinked, NULL);
+  printf("a peer gone before any rank linked to it (runtime connection): %s\n",
+         harness_failures == before ? "ok" : "FAILED");
+  if (connect_was != NULL) harnessSetenv("MCCL_RUNTIME_CONNECT", connect_was);
+  else {
+    unsetenv("MCCL_RUNTIME_CONNECT");
+    mcclParamReload();
+  }
+  free(connect_was);
+  before = harness_failures;
   harnessRunRanks(4, 60, chainRootExits, NULL);
   printf("chain broadcast's root exits: %s\n", harness_failures == before ? "ok" : "FAILED");
   for (size_t kind = 0; kind < 3; kind++) {
