@@ -813,8 +813,8 @@ void mcclConnectorDescribe(const mcclTransport* t, int peer, char* out, size_t c
   if (k == NULL) {
     snprintf(out, cap, "it never connected");
   } else if (peer > t->rank && k->asked_ns[peer] != 0) {
-    snprintf(out, cap, "it has not connected to this rank, which asked it to %.1f s ago (the higher rank of a "
-             "pair dials): it is stalled or busy outside the library, or exited",
+    snprintf(out, cap, "it has not connected to this rank, which last asked it to %.1f s ago (the higher rank "
+             "of a pair dials): it is stalled or busy outside the library, or exited",
              (double)(mcclNowNs() - k->asked_ns[peer]) / 1e9);
   } else if (peer > t->rank) {
     snprintf(out, cap, "it has not connected to this rank (the higher rank of a pair dials, asked to by the "
