@@ -426,7 +426,11 @@ void mcclTransportWake(mcclTransport* t);
  * and linger up to MCCL_FAIL_LINGER_MS reading what peers still send so that the ABORT frames
  * arrive. t->silent then names the peers that stayed silent all along (no failure report, no
  * close): when every other rank reports its failure, a silent one is the likely stalled rank, or
- * one whose notice could not cross a slow link in time (t->silent_ms says how long it had). */
+ * one whose notice could not cross a slow link in time (t->silent_ms says how long it had). With
+ * runtime connection a peer this rank had no link with gets a NOTICE connection and owes an
+ * answer on it as on a link; meanwhile this rank accepts and closes every connection made to it
+ * (mcclConnectorCloseWaiting), which answers the NOTICEs of other failing ranks. The linger ends
+ * early once every peer has closed. */
 void mcclTransportFail(mcclTransport* t, const char* reason);
 
 /* Before the owner reports collective `seq` (its run-order number) as succeeded on this rank:
@@ -504,6 +508,12 @@ void mcclConnectorFailing(mcclTransport* t);
  * ABORT frame (`hdr`, then `len` bytes of reason), so that a real rank refused as the second
  * claimant fails with the reason instead of redialling; then it closes. */
 void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char* reason, size_t len);
+/* The listening socket while the connector lives (runtime connection), else -1. */
+int mcclConnectorListener(const mcclTransport* t);
+/* A failing rank's linger: accept each connection waiting on the listener and close it at once,
+ * unread, so that a peer that sent a NOTICE there hears that this rank is alive (a reset or an
+ * end of stream) instead of taking it for a stopped one. */
+void mcclConnectorCloseWaiting(mcclTransport* t);
 /* A failing rank's NOTICE to `peer`, which it has no link with (wire.h): a connecting socket, or
  * -1; once it is writable, mcclConnectorNoticeSend writes the NOTICE hello and the ABORT frame
  * (`hdr`, then `len` bytes of reason) in one go: 0, or -1 when it could not. */

@@ -934,6 +934,19 @@ void mcclConnectorTellClaimants(mcclTransport* t, const uint8_t* hdr, const char
   }
 }
 
+int mcclConnectorListener(const mcclTransport* t) {
+  return t->connector != NULL ? t->connector->listen_fd : -1;
+}
+
+void mcclConnectorCloseWaiting(mcclTransport* t) {
+  mcclConnector* k = t->connector;
+  for (int a = 0; a < MCCL_ACCEPTS_PER_PASS && k != NULL && k->listen_fd >= 0; a++) {
+    int fd = mcclSocketAccept(k->listen_fd, NULL, NULL);
+    if (fd >= 0) close(fd);
+    else if (errno != EINTR && errno != ECONNABORTED) break;
+  }
+}
+
 int mcclConnectorNoticeDial(mcclTransport* t, int peer) {
   mcclPending p;
   memset(&p, 0, sizeof(p));

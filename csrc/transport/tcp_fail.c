@@ -114,23 +114,39 @@ void mcclTransportFail(mcclTransport* t, const char* full_reason) {
       t->pfds[np].events = POLLOUT;
       t->pfd_peer[np++] = -1 - r;
     }
+    /* Connections to this rank (other failing ranks' NOTICEs): accepted and closed at once, so
+     * that their senders hear that this rank is alive (mcclConnectorCloseWaiting). */
+    const int listener = mcclConnectorListener(t), npeers = np;
+    if (listener >= 0 && npeers > 0) {
+      t->pfds[np].fd = listener;
+      t->pfds[np].events = POLLIN;
+      t->pfd_peer[np++] = -1 - t->nranks;
+    }
     int64_t now = mcclNowNs();
     int64_t end = (now >= until && unheard <= 1) || heard == NULL ? until : until_max;
     int64_t left_ms = (end - now) / 1000000LL;
-    if (np == 0 || left_ms <= 0) break;
+    if (npeers == 0 || left_ms <= 0) break; /* every peer closed, or the time is up */
     if (left_ms > MCCL_FAIL_LINGER_MS) left_ms = MCCL_FAIL_LINGER_MS;
     if (poll(t->pfds, (nfds_t)np, (int)left_ms) < 0) break;
     for (int k = 0; k < np; k++) {
       if (t->pfds[k].revents == 0) continue;
+      if (t->pfd_peer[k] == -1 - t->nranks) {
+        mcclConnectorCloseWaiting(t);
+        continue;
+      }
       if (t->pfd_peer[k] < 0) { /* a NOTICE's socket: connected (or failed) */
         int r = -1 - t->pfd_peer[k];
         if (mcclConnectorNoticeSend(t, notice[r], r, hdr, reason, len) == 0) {
           /* The peer takes it as its link to this rank and may write to it before it reads the
-           * frame: drained as a link until the linger ends, so that no reset destroys it. */
+           * frame: drained as a link until the linger ends, so that no reset destroys it. A live
+           * peer answers on it as on any link (its own ABORT, or it closes; a failing one closes
+           * it unread): until then it is unheard, so that a stopped rank that this rank was
+           * never linked to is named as one that was would be. */
           shutdown(notice[r], SHUT_WR);
           t->conns[r].fd = notice[r];
           t->conns[r].dead = 1;
           snprintf(t->conns[r].dead_reason, sizeof(t->conns[r].dead_reason), "this rank failed");
+          if (heard != NULL) heard[r] = 0;
         } else {
           close(notice[r]);
         }

@@ -159,6 +159,44 @@ def test_sigstop_every_survivor_names_the_stopped_rank():
         assert f"rank {STOPPED} (" in line.split(": ", 1)[1], f"an error does not name rank {STOPPED}:\n{report}"
 
 
+def _stop_before_linking(rank: int, world_size: int) -> None:
+    """The last rank stops itself right after init, before any rank linked to it (runtime
+    connection); the others all-reduce once."""
+    if rank == world_size - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)  # resumed only to be killed
+    t = torch.full((1000,), float(rank + 1))
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError as exc:
+        notify("raised", error=str(exc))
+        raise
+    raise AssertionError("an all-reduce without the stopped rank returned")
+
+
+@pytest.mark.parametrize("world", [3, 8])
+def test_sigstop_before_any_link_every_survivor_names_the_stopped_rank(world):
+    """With runtime connection a survivor may have no link to the stopped rank at all, and the
+    first rank to time out waits on a live rank that waits on it. A failing rank's NOTICE to a peer
+    it is not linked with now awaits an answer as a link does (live ranks answer or close it;
+    a failing one closes connections while it lingers), so every survivor names the stopped rank
+    (before: 0 of 19 survivors on 20 ranks named it, every message blaming a live rank)."""
+    stopped = world - 1
+    others = list(range(stopped))
+
+    def drive(job):
+        raised = job.wait_for("raised", others, timeout=60)
+        job.signal(stopped, signal.SIGKILL)
+        return raised
+
+    results, raised = run_job(_stop_before_linking, world, driver=drive, exit_code_on_error=1, pg_timeout_s=6,
+                              deadline_s=90, env={"MCCL_RUNTIME_CONNECT": "1"}, **FAST)
+    report = "\n".join(f"rank {r}: {raised[r].data['error']}" for r in others)
+    for r in others:
+        assert f"rank {stopped} (" in raised[r].data["error"], f"rank {r} does not name rank {stopped}:\n{report}"
+        assert results[r].exitcode == 1, f"rank {r} exited with {results[r].exitcode}"
+
+
 # ---- a late rank fails the collective its peers timed out on (issue 16) --------------------------
 
 LATE_TIMEOUT_S = 3
