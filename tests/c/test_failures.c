@@ -62,7 +62,10 @@ static int peerGoneUnlinked(int r, int n, mcclStore_t* store, void* arg) {
   snprintf(gone, sizeof(gone), "rank %d", n - 1);
   EXPECT(res != mcclSuccess, "rank %d: an all-reduce without rank %d succeeded", r, n - 1);
   EXPECT(took < 5.0, "rank %d noticed after %.1f s: '%s'", r, took, msg);
-  EXPECT(strstr(msg, gone) != NULL && strstr(msg, "refused") != NULL, "rank %d: message '%s'", r, msg);
+  /* Refused; or, where its process took long to go (a sanitizer's teardown), it answered an ask
+   * while alive and closed the link when it went: either way named at once. */
+  EXPECT(strstr(msg, gone) != NULL && (strstr(msg, "refused") != NULL || strstr(msg, "closed the connection") != NULL),
+         "rank %d: message '%s'", r, msg);
   mcclCommDestroy(comm);
   free(buf);
   return 0;
