@@ -409,6 +409,13 @@ static void retryLater(mcclConnector* k, int peer, int64_t after_ms) {
   k->retry_at[peer] = mcclNowNs() + after_ms * 1000000LL;
 }
 
+/* An attempt on `p` failed for a reason that may pass: a dial is retried shortly; an ask is made
+ * again by mcclConnectorWant while the link is wanted, without the wait between asks. */
+static void attemptFailed(mcclConnector* k, const mcclPending* p) {
+  if (p->ask) k->asked_ns[p->peer] = 0;
+  else retryLater(k, p->peer, MCCL_REDIAL_MS);
+}
+
 /* Connections closed before their handshake (strangers, a flood, a listener out of slots) are
  * logged one by one up to STRANGER_LINES per STRANGER_WINDOW_MS, then counted: the first line of
  * the next window (or the connector's end) says how many went unlogged. */
@@ -547,8 +554,7 @@ static mcclResult_t startDial(mcclTransport* t, int r) {
     return mcclSuccess;
   }
   if (!fatal) {
-    if (p->ask) k->asked_ns[r] = 0; /* the next ask goes as soon as the first would have */
-    else retryLater(k, r, MCCL_REDIAL_MS);
+    attemptFailed(k, p);
     return mcclSuccess;
   }
   snprintf(t->error, sizeof(t->error), "rank %d (%s) cannot dial rank %d at %s: %s; %s", t->rank, t->self_addr, r,
@@ -571,11 +577,12 @@ mcclResult_t mcclConnectorWant(mcclTransport* t, int peer, int sending) {
   if (k->pend[peer].fd >= 0 || k->retry_at[peer] != 0) return mcclSuccess; /* under way, or due */
   if (peer < t->rank) return startDial(t, peer);
   if (!sending) return mcclSuccess;
-  int64_t at = mcclNowNs() + MCCL_ASK_AFTER_MS * 1000000LL;
-  if (k->asked_ns[peer] != 0 && k->asked_ns[peer] + MCCL_ASK_AGAIN_MS * 1000000LL > at)
-    at = k->asked_ns[peer] + MCCL_ASK_AGAIN_MS * 1000000LL;
-  k->retries++;
-  k->retry_at[peer] = at;
+  int64_t after_ms = MCCL_ASK_AFTER_MS;
+  if (k->asked_ns[peer] != 0) { /* at least MCCL_ASK_AGAIN_MS after the last ask */
+    const int64_t again_ms = (k->asked_ns[peer] - mcclNowNs()) / 1000000LL + MCCL_ASK_AGAIN_MS;
+    if (again_ms > after_ms) after_ms = again_ms;
+  }
+  retryLater(k, peer, after_ms);
   return mcclSuccess;
 }
 
@@ -717,8 +724,7 @@ static mcclResult_t pendingStep(mcclTransport* t, mcclPending* p) {
                  t->rank, k->refused[peer]);
         return mcclRemoteError;
       }
-      if (p->ask) k->asked_ns[peer] = 0; /* made again while the link is wanted, without the wait */
-      else retryLater(k, peer, MCCL_REDIAL_MS);
+      attemptFailed(k, p);
       return mcclSuccess;
     }
     k->refused[p->peer] = 0;
@@ -943,7 +949,7 @@ void mcclConnectorCloseWaiting(mcclTransport* t) {
   for (int a = 0; a < MCCL_ACCEPTS_PER_PASS && k != NULL && k->listen_fd >= 0; a++) {
     int fd = mcclSocketAccept(k->listen_fd, NULL, NULL);
     if (fd >= 0) close(fd);
-    else if (errno != EINTR && errno != ECONNABORTED) break;
+    else if (!acceptRetry(errno)) break; /* nothing waiting (EAGAIN), or a listener error */
   }
 }
 

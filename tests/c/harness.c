@@ -200,6 +200,20 @@ void harnessSetenv(const char* name, const char* value) {
   mcclParamReload();
 }
 
+char* harnessSetenvSaved(const char* name, const char* value) {
+  const char* now = getenv(name);
+  char* was = now != NULL ? strdup(now) : NULL;
+  harnessSetenv(name, value);
+  return was;
+}
+
+void harnessRestoreEnv(const char* name, char* was) {
+  if (was != NULL) setenv(name, was, 1);
+  else unsetenv(name);
+  mcclParamReload();
+  free(was);
+}
+
 double harnessSeconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

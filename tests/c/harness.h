@@ -71,6 +71,13 @@ extern int harness_store_port;
  * child inherits what it read (core/param.h); this sets the variable and reads them all again. */
 void harnessSetenv(const char* name, const char* value);
 
+/* In the parent, for a block of cases: set an MCCL_* parameter as harnessSetenv does and return
+ * its previous value (a copy, NULL when unset) for harnessRestoreEnv, which puts it back (or
+ * unsets it), reads the parameters again and frees `was`. A make ctest pass may set the variable
+ * for the whole binary: the cases after the block must see it as that pass set it. */
+char* harnessSetenvSaved(const char* name, const char* value);
+void harnessRestoreEnv(const char* name, char* was);
+
 /* Seconds on the monotonic clock (for deadlines and "failed within" checks). */
 double harnessSeconds(void);
 

@@ -307,19 +307,12 @@ int main(void) {
   harnessRunRanks(3, 60, peerExits, NULL);
   printf("peer exits: %s\n", harness_failures ? "FAILED" : "ok");
   int before = harness_failures;
-  const char* connect = getenv("MCCL_RUNTIME_CONNECT");
-  char* connect_was = connect != NULL ? strdup(connect) : NULL;
-  harnessSetenv("MCCL_RUNTIME_CONNECT", "1");
+  char* connect_was = harnessSetenvSaved("MCCL_RUNTIME_CONNECT", "1");
   harnessRunRanks(3, 60, peerGoneUnlinked, NULL);
   harnessRunRanks(5, 60, peerGoneUnlinked, NULL);
   printf("a peer gone before any rank linked to it (runtime connection): %s\n",
          harness_failures == before ? "ok" : "FAILED");
-  if (connect_was != NULL) harnessSetenv("MCCL_RUNTIME_CONNECT", connect_was);
-  else {
-    unsetenv("MCCL_RUNTIME_CONNECT");
-    mcclParamReload();
-  }
-  free(connect_was);
+  harnessRestoreEnv("MCCL_RUNTIME_CONNECT", connect_was);
   before = harness_failures;
   harnessRunRanks(4, 60, chainRootExits, NULL);
   printf("chain broadcast's root exits: %s\n", harness_failures == before ? "ok" : "FAILED");
@@ -332,9 +325,7 @@ int main(void) {
   /* The same above MCCL_ANNOUNCE_RANKS, where the announcements are dissemination rounds: a rank
    * blocked on a peer that is itself blocked still learns of the mismatch from a third rank's
    * failure notice, read ahead during the collective (tcp.c, aheadHeader). */
-  const char* announce = getenv("MCCL_ANNOUNCE_RANKS"); /* (make ctest's third pass sets it: put it back) */
-  char* was = announce != NULL ? strdup(announce) : NULL;
-  harnessSetenv("MCCL_ANNOUNCE_RANKS", "2");
+  char* announce_was = harnessSetenvSaved("MCCL_ANNOUNCE_RANKS", "2"); /* (make ctest's third pass sets it) */
   for (size_t kind = 0; kind < 3; kind++) {
     before = harness_failures;
     harnessRunRanks(6, 60, zeroCount, (void*)kind);
@@ -344,12 +335,7 @@ int main(void) {
   before = harness_failures;
   harnessRunRanks(6, 60, zeroCountEverywhere, NULL);
   printf("0 elements everywhere on 6 ranks, dissemination: %s\n", harness_failures == before ? "ok" : "FAILED");
-  if (was != NULL) harnessSetenv("MCCL_ANNOUNCE_RANKS", was);
-  else {
-    unsetenv("MCCL_ANNOUNCE_RANKS");
-    mcclParamReload();
-  }
-  free(was);
+  harnessRestoreEnv("MCCL_ANNOUNCE_RANKS", announce_was);
   before = harness_failures;
   harnessRunRanks(3, 60, zeroCountEverywhere, NULL);
   printf("0 elements everywhere: %s\n", harness_failures == before ? "ok" : "FAILED");
